@@ -1,0 +1,1 @@
+"""The nemo-muon operator CLI (importable as nemo_muon.launchers)."""

@@ -1,0 +1,34 @@
+"""nemo-muon: Muon and SOAP for NeMo / Megatron-Core / Megatron-Bridge pretraining.
+
+Importing the package is cheap and torch-free; the optimizers and training code load on first use, so the CLI,
+the planner and the recipes work on a login node or in a container check without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (loaded lazily)
+_LAZY = {
+    "Muon": "nemo_muon.optim.muon",
+    "SOAP": "nemo_muon.optim.soap",
+    "newton_schulz": "nemo_muon.optim.newton_schulz",
+    "build_optimizer": "nemo_muon.optim.factory",
+    "LayerWiseDistributedOptimizer": "nemo_muon.layerwise.optimizer",
+    "pretrain": "nemo_muon.train.pretrain",
+    "MuonConfig": "nemo_muon.config.optimizer",
+    "SoapConfig": "nemo_muon.config.optimizer",
+    "AdamWConfig": "nemo_muon.config.optimizer",
+    "TrainingRecipe": "nemo_muon.config.recipe",
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'nemo_muon' has no attribute {name!r}")

@@ -1,0 +1,30 @@
+"""Plain, validated configuration dataclasses (torch-free)."""
+
+from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.config.recipe import (
+    CheckpointConfig,
+    DataConfig,
+    LoggingConfig,
+    ParallelismConfig,
+    PrecisionConfig,
+    SchedulerConfig,
+    SystemConfig,
+    TrainerConfig,
+    TrainingRecipe,
+)
+
+__all__ = [
+    "AdamWConfig",
+    "CheckpointConfig",
+    "DataConfig",
+    "LoggingConfig",
+    "MuonConfig",
+    "OptimizerConfig",
+    "ParallelismConfig",
+    "PrecisionConfig",
+    "SchedulerConfig",
+    "SoapConfig",
+    "SystemConfig",
+    "TrainerConfig",
+    "TrainingRecipe",
+]

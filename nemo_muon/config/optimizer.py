@@ -1,0 +1,145 @@
+"""Optimizer configs: the single place where optimizer defaults live.
+
+Field names equal the keyword arguments of `nemo_muon.Muon` / `nemo_muon.SOAP` / `torch.optim.AdamW`, so
+`optimizer_kwargs()` is a plain copy; the Megatron-Core mapping lives in `nemo_muon.megatron`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from nemo_muon._validation import check_choice, check_positive_int, check_range
+
+CoefficientSet = Literal["simple", "quintic", "polar_express"]
+ScaleMode = Literal["spectral", "shape_scaling", "unit_rms_norm", "match_rms_adamw"]
+TPMode = Literal["duplicated", "distributed", "blockwise", "auto"]
+NSPrecision = Literal["fp32", "bf16"]
+NonFinitePolicy = Literal["skip", "raise"]
+
+COEFFICIENT_SETS: tuple[str, ...] = ("simple", "quintic", "polar_express")
+SCALE_MODES: tuple[str, ...] = ("spectral", "shape_scaling", "unit_rms_norm", "match_rms_adamw")
+TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise", "auto")
+NS_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+NONFINITE_POLICIES: tuple[str, ...] = ("skip", "raise")
+
+
+def _check_betas(field: str, betas: tuple[float, float]) -> None:
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+        raise ValueError(f"{field} must be a pair (beta1, beta2) with each in [0, 1); got {betas!r}")
+    for i, b in enumerate(betas):
+        check_range(f"{field}[{i}]", b, low=0.0, high=1.0, high_inclusive=False)
+
+
+@dataclass(kw_only=True)
+class _BaseOptimizerConfig:
+    lr: float = 3e-4
+    """Peak learning rate (the scheduler scales it)."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied as p -= lr * weight_decay * p. Used as given (never pinned by a scheduler)."""
+
+    name: str = dataclasses.field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field; called at construction and again when a run is built (recipes may mutate)."""
+        check_range(f"{self.name}.lr", self.lr, low=0.0, low_inclusive=False)
+        check_range(f"{self.name}.weight_decay", self.weight_decay, low=0.0)
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the optimizer class (every field except `name`)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+
+@dataclass(kw_only=True)
+class MuonConfig(_BaseOptimizerConfig):
+    """Muon for hidden matrices (orthogonalized momentum), AdamW inside the same optimizer for everything else."""
+
+    momentum: float = 0.95
+    """EMA momentum of the gradient; 0.95 on every path (Megatron's CLI default 0.9 is a known trap)."""
+    nesterov: bool = True
+    """Use the Nesterov look-ahead g.lerp(m, momentum) as the NS input."""
+    ns_steps: int = 5
+    """Newton–Schulz iterations."""
+    coefficients: CoefficientSet = "quintic"
+    """NS coefficient set: quintic (per-step schedule, default), simple (Keller Jordan), polar_express."""
+    scale_mode: ScaleMode = "spectral"
+    """Update scale: spectral sqrt(max(m,n)) (Megatron default), shape_scaling sqrt(max(1,m/n)),
+    unit_rms_norm sqrt(m/n), match_rms_adamw 0.2*sqrt(max(m,n)) (reuse AdamW learning rates)."""
+    extra_scale_factor: float = 1.0
+    """Multiplies the scale above."""
+    ns_precision: NSPrecision = "fp32"
+    """Precision of the NS iterations: fp32, or bf16 (GPU speed; looser orthogonality)."""
+    tp_mode: TPMode = "duplicated"
+    """How NS runs on tensor-parallel shards; duplicated makes updates independent of the TP size."""
+    split_qkv: bool = True
+    """Orthogonalize Q, K and V of a fused QKV weight separately (per query group layout)."""
+    split_gate_up: bool = True
+    """Orthogonalize gate and up of a fused gated-MLP weight (linear_fc1 / gate_up_proj) separately."""
+    adamw_lr: float | None = None
+    """Learning rate of the AdamW part (embeddings, head, 1-D params); None = same as lr."""
+    adamw_betas: tuple[float, float] = (0.9, 0.95)
+    adamw_eps: float = 1e-8
+    nonfinite: NonFinitePolicy = "skip"
+    """A non-finite gradient anywhere skips the whole step (and is reported) or raises."""
+
+    name: str = dataclasses.field(default="muon", init=False)
+
+    def validate(self) -> None:
+        super().validate()
+        check_range("muon.momentum", self.momentum, low=0.0, high=1.0, high_inclusive=False)
+        check_positive_int("muon.ns_steps", self.ns_steps)
+        check_choice("muon.coefficients", self.coefficients, COEFFICIENT_SETS)
+        check_choice("muon.scale_mode", self.scale_mode, SCALE_MODES)
+        check_range("muon.extra_scale_factor", self.extra_scale_factor, low=0.0, low_inclusive=False)
+        check_choice("muon.ns_precision", self.ns_precision, NS_PRECISIONS)
+        check_choice("muon.tp_mode", self.tp_mode, TP_MODES)
+        if self.adamw_lr is not None:
+            check_range("muon.adamw_lr", self.adamw_lr, low=0.0, low_inclusive=False)
+        _check_betas("muon.adamw_betas", self.adamw_betas)
+        check_range("muon.adamw_eps", self.adamw_eps, low=0.0, low_inclusive=False)
+        check_choice("muon.nonfinite", self.nonfinite, NONFINITE_POLICIES)
+
+
+@dataclass(kw_only=True)
+class SoapConfig(_BaseOptimizerConfig):
+    """SOAP: Adam in the eigenbasis of Shampoo's Kronecker factors, AdamW for 1-D params and embeddings."""
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    shampoo_beta: float = 0.95
+    """EMA of the Kronecker factors L = G G^T and R = G^T G."""
+    eps: float = 1e-8
+    precondition_frequency: int = 1
+    """Refresh the eigenbasis every this many steps (honoured; Megatron-Core silently ignores it)."""
+    nonfinite: NonFinitePolicy = "skip"
+
+    name: str = dataclasses.field(default="soap", init=False)
+
+    def validate(self) -> None:
+        super().validate()
+        _check_betas("soap.betas", self.betas)
+        check_range("soap.shampoo_beta", self.shampoo_beta, low=0.0, high=1.0, high_inclusive=False)
+        check_range("soap.eps", self.eps, low=0.0, low_inclusive=False)
+        check_positive_int("soap.precondition_frequency", self.precondition_frequency)
+        check_choice("soap.nonfinite", self.nonfinite, NONFINITE_POLICIES)
+
+
+@dataclass(kw_only=True)
+class AdamWConfig(_BaseOptimizerConfig):
+    """The AdamW baseline (torch.optim.AdamW semantics)."""
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+
+    name: str = dataclasses.field(default="adamw", init=False)
+
+    def validate(self) -> None:
+        super().validate()
+        _check_betas("adamw.betas", self.betas)
+        check_range("adamw.eps", self.eps, low=0.0, low_inclusive=False)
+
+
+OptimizerConfig = MuonConfig | SoapConfig | AdamWConfig

@@ -1,0 +1,268 @@
+"""`TrainingRecipe`: one plain, validated dataclass tree per run, for both backends.
+
+A recipe can be built, printed, planned and launched anywhere (no torch, Bridge or GPU needed); the Megatron
+backend turns it into a Megatron-Bridge `ConfigContainer` inside the container, the torch backend trains it with
+HF `transformers` models and nemo_muon's optimizers. Sections validate at construction; `TrainingRecipe.validate()`
+runs them all again once a recipe has been mutated (overrides) and is built into a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from nemo_muon._validation import check_choice, check_positive_int, check_range
+from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.models.specs import ModelSpec
+
+GPUS: tuple[str, ...] = ("gb300", "gb200", "b200", "h200", "h100", "cpu")
+SCHEDULERS: tuple[str, ...] = ("cosine", "wsd", "constant")
+DATA_KINDS: tuple[str, ...] = ("mock", "stdlib_text", "indexed")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp8_cs", "mxfp8")
+BACKENDS: tuple[str, ...] = ("megatron", "torch")
+
+
+@dataclass(kw_only=True)
+class ParallelismConfig:
+    """Model-parallel degrees; data parallelism is what remains of the world size."""
+
+    tp: int = 1
+    """Tensor parallel size."""
+    pp: int = 1
+    """Pipeline parallel size."""
+    vp: int = 1
+    """Virtual pipeline stages per pipeline rank (1 = no interleaving)."""
+    cp: int = 1
+    """Context parallel size."""
+    ep: int = 1
+    """Expert parallel size (MoE)."""
+    etp: int = 1
+    """Expert tensor parallel size."""
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("tp", "pp", "vp", "cp", "ep", "etp"):
+            check_positive_int(f"parallelism.{name}", getattr(self, name))
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks one model replica spans: tp * pp * cp."""
+        return self.tp * self.pp * self.cp
+
+    def dp(self, world_size: int) -> int:
+        """Data-parallel size for a world size (raises if the world is not a multiple of tp*pp*cp)."""
+        mp = self.model_parallel_size
+        if world_size % mp:
+            raise ValueError(
+                f"world size must be a multiple of tp*pp*cp = {self.tp}*{self.pp}*{self.cp} = {mp}; got {world_size}"
+            )
+        return world_size // mp
+
+
+@dataclass(kw_only=True)
+class SystemConfig:
+    """Where the run goes: GPU type and node shape (world size = num_nodes * gpus_per_node)."""
+
+    gpu: str = "gb300"
+    """One of GPUS; 'cpu' for the torch backend on a CPU machine (then gpus_per_node counts processes)."""
+    num_nodes: int = 1
+    gpus_per_node: int = 4
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_choice("system.gpu", self.gpu, GPUS)
+        check_positive_int("system.num_nodes", self.num_nodes)
+        check_positive_int("system.gpus_per_node", self.gpus_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """Batching and loop lengths (Megatron conventions: batch sizes in sequences)."""
+
+    max_steps: int = 50
+    global_batch_size: int = 4096
+    micro_batch_size: int = 1
+    seq_length: int = 4096
+    grad_clip: float = 1.0
+    """Clip the global grad norm to this value; 0 disables clipping."""
+    eval_interval: int = 0
+    """Validate every this many steps; 0 = only at the end (torch backend) / never (megatron benchmarks)."""
+    eval_iters: int = 0
+    log_interval: int = 1
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_positive_int("trainer.max_steps", self.max_steps)
+        check_positive_int("trainer.global_batch_size", self.global_batch_size)
+        check_positive_int("trainer.micro_batch_size", self.micro_batch_size)
+        check_positive_int("trainer.seq_length", self.seq_length)
+        check_range("trainer.grad_clip", self.grad_clip, low=0.0)
+        check_positive_int("trainer.eval_interval", self.eval_interval, minimum=0)
+        check_positive_int("trainer.eval_iters", self.eval_iters, minimum=0)
+        check_positive_int("trainer.log_interval", self.log_interval)
+        check_positive_int("trainer.seed", self.seed, minimum=0)
+
+
+@dataclass(kw_only=True)
+class SchedulerConfig:
+    """Learning-rate schedule: linear warmup, then cosine / warmup-stable-decay / constant."""
+
+    kind: str = "cosine"
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of the peak."""
+    wsd_decay_fraction: float = 0.2
+    """For kind='wsd': the fraction of max_steps spent in the final decay."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_choice("scheduler.kind", self.kind, SCHEDULERS)
+        check_positive_int("scheduler.warmup_steps", self.warmup_steps, minimum=0)
+        check_range("scheduler.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        check_range("scheduler.wsd_decay_fraction", self.wsd_decay_fraction, low=0.0, high=1.0)
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Training data: mock tokens (benchmarks), the Python stdlib source as text (CPU path), or an indexed dataset."""
+
+    kind: str = "mock"
+    path: str | None = None
+    """For kind='indexed': the Megatron indexed dataset prefix (PREFIX.bin / PREFIX.idx)."""
+    tokenizer_dir: str | None = None
+    """Where the locally trained tokenizer is cached (None = a cache folder under the run root)."""
+    val_fraction: float = 0.05
+    """Deterministic tail fraction of the corpus held out for validation."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_choice("data.kind", self.kind, DATA_KINDS)
+        if self.kind == "indexed" and not self.path:
+            raise ValueError("data.path must name a Megatron indexed dataset prefix when data.kind='indexed'; got None")
+        check_range("data.val_fraction", self.val_fraction, low=0.0, high=0.5, low_inclusive=False)
+
+
+@dataclass(kw_only=True)
+class PrecisionConfig:
+    """Numerics: fp32, bf16 mixed, fp8 with current scaling (fp8_cs), MXFP8 (Blackwell)."""
+
+    kind: str = "mxfp8"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_choice("precision.kind", self.kind, PRECISIONS)
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Checkpoints are written atomically to new folders and never overwrite an earlier one."""
+
+    save_interval: int = 0
+    """Save every this many steps; 0 = no checkpoints."""
+    dir: str | None = None
+    """Checkpoint root (None = <run dir>/checkpoints)."""
+    resume: bool = False
+    """Resume from the newest verified checkpoint in dir."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_positive_int("checkpoint.save_interval", self.save_interval, minimum=0)
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    """Where a run writes its metrics JSONL, logs and reports."""
+
+    root: str = "runs"
+    """Runs go to <root>/<run_name>."""
+    run_name: str | None = None
+    """None = the recipe name."""
+    tensorboard: bool = False
+    """Also write TensorBoard events when the tensorboard package is installed."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not self.root:
+            raise ValueError(f"logging.root must be a non-empty path; got {self.root!r}")
+
+
+@dataclass(kw_only=True)
+class TrainingRecipe:
+    """A complete run: model, layout, optimizer, data, loop, precision, checkpoints, logs and environment."""
+
+    name: str
+    model: ModelSpec
+    optimizer: OptimizerConfig = field(default_factory=MuonConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    backend: str = "megatron"
+    """'megatron' (Megatron-Bridge in the NGC container) or 'torch' (HF model + nemo_muon, any device)."""
+    layerwise: bool = True
+    """Use the layer-wise distributed optimizer (whole matrices per DP rank) for Muon/SOAP."""
+    qk_clip: bool = False
+    """MuonClip: rescale query/key projections when a head's max attention logit exceeds qk_clip_threshold."""
+    qk_clip_threshold: float = 100.0
+    qk_clip_alpha: float = 0.5
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables the run needs (NCCL/NVTE/CUDA settings of the Bridge perf recipes), set by launchers."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Validate every section again (recipes and overrides may have mutated them)."""
+        if not self.name:
+            raise ValueError(f"recipe.name must be a non-empty string; got {self.name!r}")
+        if not isinstance(self.optimizer, (MuonConfig, SoapConfig, AdamWConfig)):
+            raise ValueError(
+                f"recipe.optimizer must be a MuonConfig, SoapConfig or AdamWConfig; got {type(self.optimizer).__name__}"
+            )
+        for section in (self.model, self.optimizer, self.parallelism, self.system, self.trainer, self.scheduler,
+                        self.data, self.precision, self.checkpoint, self.logging):
+            section.validate()
+        check_choice("recipe.backend", self.backend, BACKENDS)
+        check_range("recipe.qk_clip_threshold", self.qk_clip_threshold, low=0.0, low_inclusive=False)
+        check_range("recipe.qk_clip_alpha", self.qk_clip_alpha, low=0.0, high=1.0)
+        for k, v in self.env.items():
+            if not isinstance(k, str) or not k or not isinstance(v, str):
+                raise ValueError(f"recipe.env must map non-empty names to string values; got {k!r}={v!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.system.world_size
+
+    @property
+    def dp(self) -> int:
+        return self.parallelism.dp(self.world_size)
+
+    def replace(self, **changes: object) -> TrainingRecipe:
+        """A copy with some top-level sections replaced (validated again)."""
+        return dataclasses.replace(self, **changes)

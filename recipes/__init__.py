@@ -1,0 +1,1 @@
+"""Recipe factories (importable as nemo_muon.recipes)."""
