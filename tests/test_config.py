@@ -1,0 +1,70 @@
+"""Config dataclasses: defaults in one place, validation errors that name field, value and allowed values."""
+
+import math
+
+import pytest
+
+from nemo_muon.config import (
+    AdamWConfig,
+    DataConfig,
+    MuonConfig,
+    ParallelismConfig,
+    SchedulerConfig,
+    SoapConfig,
+    SystemConfig,
+    TrainerConfig,
+    TrainingRecipe,
+)
+from nemo_muon.models.specs import KIMI_K2
+
+
+def test_muon_defaults_match_the_documented_contract():
+    cfg = MuonConfig()
+    assert cfg.momentum == 0.95
+    assert cfg.nesterov is True
+    assert cfg.tp_mode == "duplicated"
+    kwargs = cfg.optimizer_kwargs()
+    assert "name" not in kwargs
+    assert kwargs["momentum"] == 0.95 and kwargs["coefficients"] == "quintic"
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: MuonConfig(tp_mode="dup"), r"muon.tp_mode must be one of \('duplicated', 'distributed', 'blockwise', 'auto'\); got 'dup'"),
+        (lambda: MuonConfig(momentum=math.nan), r"muon.momentum must be a number in \[0.0, 1.0\); got nan"),
+        (lambda: MuonConfig(momentum=1.0), r"muon.momentum must be a number in \[0.0, 1.0\)"),
+        (lambda: MuonConfig(ns_steps=0), r"muon.ns_steps must be an integer >= 1; got 0"),
+        (lambda: MuonConfig(lr=-1.0), r"muon.lr must be a number in \(0.0, inf\]; got -1.0"),
+        (lambda: MuonConfig(adamw_betas=(0.9,)), r"muon.adamw_betas must be a pair"),
+        (lambda: SoapConfig(precondition_frequency=0), r"soap.precondition_frequency must be an integer >= 1"),
+        (lambda: AdamWConfig(betas=(0.9, 1.5)), r"adamw.betas\[1\] must be a number in \[0.0, 1.0\)"),
+        (lambda: ParallelismConfig(tp=0), r"parallelism.tp must be an integer >= 1; got 0"),
+        (lambda: SystemConfig(gpu="a100"), r"system.gpu must be one of"),
+        (lambda: TrainerConfig(micro_batch_size=0), r"trainer.micro_batch_size must be an integer >= 1"),
+        (lambda: SchedulerConfig(kind="linear"), r"scheduler.kind must be one of \('cosine', 'wsd', 'constant'\)"),
+        (lambda: DataConfig(kind="indexed"), r"data.path must name a Megatron indexed dataset prefix"),
+    ],
+)
+def test_bad_values_raise_with_field_value_and_allowed(factory, message):
+    with pytest.raises(ValueError, match=message):
+        factory()
+
+
+def test_recipe_validate_catches_mutation_after_construction():
+    recipe = TrainingRecipe(name="r", model=KIMI_K2)
+    recipe.optimizer.tp_mode = "sideways"
+    with pytest.raises(ValueError, match="muon.tp_mode must be one of"):
+        recipe.validate()
+
+
+def test_recipe_rejects_a_non_optimizer_section():
+    with pytest.raises(ValueError, match="recipe.optimizer must be a MuonConfig, SoapConfig or AdamWConfig"):
+        TrainingRecipe(name="r", model=KIMI_K2, optimizer={"lr": 1e-3})
+
+
+def test_data_parallel_size_is_what_remains_of_the_world():
+    p = ParallelismConfig(tp=2, pp=4, cp=1)
+    assert p.dp(64) == 8
+    with pytest.raises(ValueError, match=r"world size must be a multiple of tp\*pp\*cp = 2\*4\*1 = 8; got 60"):
+        p.dp(60)
