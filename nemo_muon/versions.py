@@ -1,0 +1,269 @@
+"""The one table of pinned versions per NGC container release (torch-free).
+
+The Dockerfile, ``containers/build.sh``, the ``nemo-muon doctor`` command and the docs all read this table;
+nothing else states these numbers. A release is the tag of ``nvcr.io/nvidia/nemo:<tag>`` ("Megatron-Bridge
+26.02" is the NeMo Framework container 26.02). Sources: Megatron-Bridge ``docs/releases/software-versions.md``
+and ``docs/releases/known-issues.md`` (project research notes, B §3). ``None`` means "not documented":
+we never guess a version.
+
+API::
+
+    from nemo_muon.versions import CONTAINER_RELEASES, DEFAULT_RELEASE, get_release, current_release
+    rel = get_release("26.02")
+    rel.megatron_core                  # "0.16.0"
+    rel.expected_distributions()       # {"megatron-bridge": "0.3.0", "megatron-core": "0.16.0", ...}
+    version_matches("0.16.0", "0.16.0rc0+abc")   # True: pre-release and local suffixes are tolerated
+
+Command line (used by the container build)::
+
+    python -m nemo_muon.versions list
+    python -m nemo_muon.versions show 26.02 [--json]
+    python -m nemo_muon.versions extras 26.02      # pinned requirements installed only if the base lacks them
+    python -m nemo_muon.versions image 26.02       # the base image of that release
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nemo_muon._validation import check_choice, fail
+
+# Distributions the NGC base image provides and the container build must never install or replace.
+BASE_OWNED_DISTRIBUTIONS: tuple[str, ...] = (
+    "torch",
+    "transformer-engine",
+    "megatron-core",
+    "megatron-bridge",
+    "nemo-toolkit",
+    "nemo-run",
+)
+
+# Pinned requirements of nemo-muon that an NGC base may lack. The container build installs each one with
+# ``--no-deps`` only if the base has no distribution of that name (a base's own version is kept and reported).
+# emerging-optimizers is what Megatron-Core's Muon needs (it checks the installed metadata, >= 0.2); absl-py
+# is its one dependency that is not already a dependency of the base's torch stack.
+_EXTRAS_026: tuple[str, ...] = ("emerging-optimizers==0.3.0", "absl-py==2.5.1")
+
+_REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([0-9][0-9A-Za-z.+!-]*)$")
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503 normalized distribution name (``Transformer_Engine`` -> ``transformer-engine``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_pin(requirement: str) -> tuple[str, str]:
+    """Split an exact pin ``name[extra]==version`` into (normalized name, version); raise on anything else."""
+    m = _REQ_RE.match(requirement.strip())
+    if not m:
+        raise fail("requirement", requirement, "an exact pin 'name==version' or 'name[extra]==version'")
+    return normalize_name(m.group(1)), m.group(3)
+
+
+def _release_numbers(version: str) -> tuple[int, ...]:
+    m = re.match(r"^v?(\d+(?:\.\d+)*)", version.strip())
+    if not m:
+        raise fail("version", version, "a version starting with digits, e.g. '0.16.0' or '2.10.0a0+git'")
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def version_matches(expected: str, installed: str) -> bool:
+    """True if ``installed`` has the release numbers of ``expected`` as its prefix.
+
+    ``expected`` may be shorter (``"2.12"`` matches ``"2.12.0"``); pre-release and local suffixes of the
+    installed version are tolerated (NGC builds report e.g. ``"2.10.0a0+3a5e"`` or ``"0.16.0rc0"``).
+    """
+    want, have = _release_numbers(expected), _release_numbers(installed)
+    return have[: len(want)] == want
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerRelease:
+    """The software stack of one ``nvcr.io/nvidia/nemo`` release and what nemo-muon adds on top of it."""
+
+    tag: str  # "26.02": the container tag, YY.MM[.patch]
+    base_image: str  # the image our Dockerfile builds FROM for this release
+    megatron_bridge: str
+    megatron_core: str
+    transformer_engine: str
+    nemo_run: str
+    nemo: str | None  # NeMo toolkit (the `nemo llm` collection); None where the release notes list none
+    pytorch: str | None
+    cuda: str | None
+    python: str | None
+    extra_requirements: tuple[str, ...] = ()  # installed --no-deps only where the base lacks them
+    source: str = "Megatron-Bridge docs/releases/software-versions.md"
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"\d{2}\.\d{2}(\.\d{2})?", self.tag):
+            raise fail("ContainerRelease.tag", self.tag, "a container tag 'YY.MM' or 'YY.MM.NN'")
+        if not self.base_image.endswith(":" + self.tag):
+            raise fail("ContainerRelease.base_image", self.base_image, f"an image reference ending in ':{self.tag}'")
+        optional = ("nemo", "pytorch", "cuda", "python")
+        for name in ("megatron_bridge", "megatron_core", "transformer_engine", "nemo_run", *optional):
+            value = getattr(self, name)
+            if value is None and name in optional:
+                continue
+            if not isinstance(value, str) or not re.match(r"^\d+(\.\d+)*$", value):
+                raise fail(f"ContainerRelease.{name}", value, "a version string of digits and dots, e.g. '0.16.0'")
+        for req in self.extra_requirements:
+            dist, _ = parse_pin(req)
+            if dist in BASE_OWNED_DISTRIBUTIONS:
+                raise fail("ContainerRelease.extra_requirements", req, f"a package the base lacks, not one of {BASE_OWNED_DISTRIBUTIONS}")
+
+    def expected_distributions(self) -> dict[str, str]:
+        """Distribution name -> documented version for every pip-visible component (undocumented ones left out)."""
+        out = {
+            "megatron-bridge": self.megatron_bridge,
+            "megatron-core": self.megatron_core,
+            "transformer-engine": self.transformer_engine,
+            "nemo-run": self.nemo_run,
+            "nemo-toolkit": self.nemo,
+            "torch": self.pytorch,
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+    def extra_pins(self) -> dict[str, str]:
+        """Normalized name -> pinned version of :attr:`extra_requirements`."""
+        return dict(parse_pin(r) for r in self.extra_requirements)
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain dict (JSON-ready) of every field."""
+        d = dataclasses.asdict(self)
+        d["extra_requirements"] = list(self.extra_requirements)
+        return d
+
+
+_NGC = "nvcr.io/nvidia/nemo"
+
+CONTAINER_RELEASES: dict[str, ContainerRelease] = {
+    r.tag: r
+    for r in (
+        ContainerRelease(
+            tag="26.02",
+            base_image=f"{_NGC}:26.02",
+            megatron_bridge="0.3.0",
+            megatron_core="0.16.0",
+            transformer_engine="2.12",
+            nemo="2.7.0",
+            nemo_run="0.8.0",
+            pytorch="2.10",
+            cuda="13.0",
+            python="3.12",
+            extra_requirements=_EXTRAS_026,
+            notes="The stack of NVIDIA's Muon announcement. DeepEP is not supported in this container (known issue).",
+        ),
+        ContainerRelease(
+            tag="26.02.01",
+            base_image=f"{_NGC}:26.02.01",
+            megatron_bridge="0.3.1",
+            megatron_core="0.16.0",
+            transformer_engine="2.12",
+            nemo="2.7.0",
+            nemo_run="0.8.0",
+            pytorch="2.10",
+            cuda="13.0",
+            python="3.12",
+            extra_requirements=_EXTRAS_026,
+            source="Megatron-Bridge docs/releases/known-issues.md ('Fixed in 26.02.01 (r0.3.1)')",
+            notes="Patch release of 26.02: only the Bridge version (r0.3.1) is documented; the other components are "
+            "those of 26.02. Bridge's published Kimi K2 Muon numbers (GB300, MXFP8) were measured on it.",
+        ),
+        ContainerRelease(
+            tag="26.04",
+            base_image=f"{_NGC}:26.04",
+            megatron_bridge="0.4.0",
+            megatron_core="0.17",
+            transformer_engine="2.14",
+            nemo=None,
+            nemo_run="0.9.0",
+            pytorch=None,
+            cuda=None,
+            python=None,
+            extra_requirements=_EXTRAS_026,
+            notes="NeMo toolkit, PyTorch, CUDA and Python versions are not documented for this release.",
+        ),
+        ContainerRelease(
+            tag="26.06",
+            base_image=f"{_NGC}:26.06",
+            megatron_bridge="0.5.0",
+            megatron_core="0.18",
+            transformer_engine="2.16",
+            nemo=None,
+            nemo_run="0.10.0",
+            pytorch=None,
+            cuda=None,
+            python=None,
+            extra_requirements=_EXTRAS_026,
+            notes="Newest documented release. Its notes list no NeMo toolkit, so `nemo llm` (NeMo 2.7's collection) "
+            "may be absent: use `nemo-muon launch` or the Bridge scripts. Megatron-Core >= 0.18 moved Muon to "
+            "optimizer/emerging_optimizers.py (OptimizerConfig(optimizer='muon', use_layer_wise_distributed_optimizer=True)).",
+        ),
+    )
+}
+
+DEFAULT_RELEASE = "26.02"
+
+# The environment variable the container image sets to the release it was built on (read by `nemo-muon doctor`).
+RELEASE_ENV_VAR = "NEMO_MUON_RELEASE"
+
+
+def list_releases() -> list[str]:
+    """Every known release tag, oldest first."""
+    return list(CONTAINER_RELEASES)
+
+
+def get_release(tag: str) -> ContainerRelease:
+    """The release with this tag; a ValueError lists the known tags."""
+    check_choice("container release", tag, CONTAINER_RELEASES)
+    return CONTAINER_RELEASES[tag]
+
+
+def current_release() -> ContainerRelease:
+    """The release this container was built for (``$NEMO_MUON_RELEASE``), else :data:`DEFAULT_RELEASE`."""
+    tag = os.environ.get(RELEASE_ENV_VAR, "").strip() or DEFAULT_RELEASE
+    return get_release(tag)
+
+
+def _main(argv: Sequence[str]) -> int:
+    usage = "usage: python -m nemo_muon.versions {list | show TAG [--json] | extras TAG | image TAG}"
+    if not argv:
+        print(usage, file=sys.stderr)
+        return 2
+    cmd, rest = argv[0], list(argv[1:])
+    try:
+        if cmd == "list" and not rest:
+            print("\n".join(list_releases()))
+        elif cmd in ("show", "extras", "image") and rest:
+            rel = get_release(rest[0])
+            if cmd == "image" and len(rest) == 1:
+                print(rel.base_image)
+            elif cmd == "extras" and len(rest) == 1:
+                print("\n".join(rel.extra_requirements))
+            elif cmd == "show" and rest[1:] in ([], ["--json"]):
+                if rest[1:]:
+                    print(json.dumps(rel.as_dict(), indent=2))
+                else:
+                    for k, v in rel.as_dict().items():
+                        print(f"{k:20s} {v if v is not None else '(not documented)'}")
+            else:
+                print(usage, file=sys.stderr)
+                return 2
+        else:
+            print(usage, file=sys.stderr)
+            return 2
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))
