@@ -1,0 +1,71 @@
+"""Read our metrics JSONL (docs/ARCHITECTURE.md: a 'run' header, then 'train' and 'val' events)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from nemo_muon.reporting.records import RunLog, TrainPoint, ValPoint
+
+_TRAIN_FIELDS = ("loss", "lr", "grad_norm", "tokens", "step_time_s", "optimizer_time_s", "tokens_per_s",
+                 "model_tflops", "ns_tflops", "elapsed_s")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _step(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def parse_metrics_jsonl(text: str, *, name: str, source: Path) -> RunLog:
+    """Parse JSONL text; lines that are not complete JSON objects (a partial last write) are counted and skipped.
+
+    Repeated steps (a resumed run re-logging them) keep the newest record.
+    """
+    run = RunLog(name=name, sources=[source], kind="jsonl")
+    train: dict[int, TrainPoint] = {}
+    val: dict[int, ValPoint] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            run.skipped_lines += 1
+            continue
+        if not isinstance(obj, dict):
+            run.skipped_lines += 1
+            continue
+        event = obj.get("event")
+        if event == "run":
+            run.header = obj
+            run.recipe = obj.get("recipe") if isinstance(obj.get("recipe"), str) else run.recipe
+            run.optimizer = obj.get("optimizer") if isinstance(obj.get("optimizer"), str) else run.optimizer
+            ws = obj.get("world_size")
+            run.world_size = ws if isinstance(ws, int) and not isinstance(ws, bool) else run.world_size
+        elif event == "train" and _step(obj.get("step")) is not None:
+            step = obj["step"]
+            train[step] = TrainPoint(step=step, **{k: _number(obj.get(k)) for k in _TRAIN_FIELDS})
+        elif event == "val" and _step(obj.get("step")) is not None and _number(obj.get("val_loss")) is not None:
+            step = obj["step"]
+            val[step] = ValPoint(step=step, val_loss=float(obj["val_loss"]), elapsed_s=_number(obj.get("elapsed_s")))
+        else:
+            run.skipped_lines += 1
+    run.train = [train[s] for s in sorted(train)]
+    run.val = [val[s] for s in sorted(val)]
+    return run
+
+
+def read_metrics_jsonl(path: Path, *, name: str | None = None) -> RunLog:
+    """Read a metrics.jsonl file (name defaults to its folder's name)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return parse_metrics_jsonl(text, name=name or path.parent.name or path.stem, source=path)
