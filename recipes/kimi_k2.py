@@ -1,0 +1,65 @@
+"""Kimi K2 (1T MoE, MLA, 384 experts top-8) on 256 GB300: the Megatron-Bridge 26.02 perf configuration.
+
+TP1 PP4 VP4 CP1 EP64, GBS 4096, MBS 2, seq 4096, MXFP8 and Muon by default (numbers in `systems.BRIDGE_PERF_LAYOUTS`,
+architecture in `nemo_muon.models.specs.KIMI_K2`). Other systems: `bridge_perf_recipe(..., gpu=..., num_gpus=...)`.
+"""
+
+from __future__ import annotations
+
+from nemo_muon.recipes import recipe
+from nemo_muon.recipes.systems import bridge_perf_recipe
+
+from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.models.specs import KIMI_K2
+
+
+def _kimi_k2(name: str, optimizer: str, precision: str = "mxfp8") -> TrainingRecipe:
+    return bridge_perf_recipe(name, KIMI_K2, optimizer=optimizer, gpu="gb300", precision=precision)
+
+
+@recipe
+def kimi_k2_muon() -> TrainingRecipe:
+    """Kimi K2, 256 GB300, MXFP8, layer-wise distributed Muon (the blog's 1,080 TFLOP/s/GPU configuration)."""
+    return _kimi_k2("kimi_k2_muon", "muon")
+
+
+@recipe
+def kimi_k2_adamw() -> TrainingRecipe:
+    """Kimi K2, 256 GB300, MXFP8, distributed AdamW (the blog's 1,051 TFLOP/s/GPU baseline)."""
+    return _kimi_k2("kimi_k2_adamw", "adamw")
+
+
+@recipe
+def kimi_k2_soap() -> TrainingRecipe:
+    """Kimi K2, 256 GB300, MXFP8, layer-wise SOAP."""
+    return _kimi_k2("kimi_k2_soap", "soap")
+
+
+@recipe
+def kimi_k2_muon_bf16() -> TrainingRecipe:
+    """kimi_k2_muon in BF16."""
+    return _kimi_k2("kimi_k2_muon_bf16", "muon", precision="bf16")
+
+
+@recipe
+def kimi_k2_muon_fp8_cs() -> TrainingRecipe:
+    """kimi_k2_muon with FP8 current scaling."""
+    return _kimi_k2("kimi_k2_muon_fp8_cs", "muon", precision="fp8_cs")
+
+
+@recipe
+def kimi_k2_adamw_bf16() -> TrainingRecipe:
+    """kimi_k2_adamw in BF16."""
+    return _kimi_k2("kimi_k2_adamw_bf16", "adamw", precision="bf16")
+
+
+@recipe
+def kimi_k2_adamw_fp8_cs() -> TrainingRecipe:
+    """kimi_k2_adamw with FP8 current scaling."""
+    return _kimi_k2("kimi_k2_adamw_fp8_cs", "adamw", precision="fp8_cs")
+
+
+@recipe
+def kimi_k2_muon_qk_clip() -> TrainingRecipe:
+    """kimi_k2_muon with MuonClip: query/key rescaled when a head's max logit exceeds the threshold."""
+    return _kimi_k2("kimi_k2_muon_qk_clip", "muon").replace(qk_clip=True)

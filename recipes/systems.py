@@ -1,0 +1,184 @@
+"""Megatron-Bridge performance layouts as data, and the parameterized recipe builder for any system / GPU count.
+
+`BRIDGE_PERF_LAYOUTS` holds, once, the numbers of Bridge's perf workload presets (r0.3.1 = NGC nemo:26.02.01;
+Kimi K2: `scripts/performance/configs/kimi/kimi_workload_base_configs.py`, Qwen3: `.../qwen/
+qwen3_workload_base_configs.py`, identical in r0.3.0 = nemo:26.02) plus what `_benchmark_common` sets (50 steps,
+10 warmup steps, no checkpoints, mock data). `bridge_perf_recipe()` turns a row into a `TrainingRecipe`; the named
+factories in `kimi_k2.py` / `qwen3_30b_a3b.py` call it. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nemo_muon.recipes.environment import perf_env
+
+from nemo_muon._validation import check_choice, check_positive_int
+from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.config.recipe import (
+    CheckpointConfig,
+    DataConfig,
+    ParallelismConfig,
+    PrecisionConfig,
+    SchedulerConfig,
+    SystemConfig,
+    TrainerConfig,
+    TrainingRecipe,
+)
+from nemo_muon.models.specs import ModelSpec
+
+GPUS_PER_NODE: dict[str, int] = {"gb300": 4, "gb200": 4, "b200": 8, "h200": 8, "h100": 8}
+"""GPUs per node (GB200/GB300: 4 per compute tray of an NVL72 rack; HGX boxes: 8)."""
+
+OPTIMIZERS: tuple[str, ...] = ("muon", "adamw", "soap")
+
+# Bridge `_benchmark_common` / library optimizer helpers (lr 3e-4 -> 3e-5 cosine, clip 1.0)
+BENCHMARK_STEPS = 50
+BENCHMARK_WARMUP_STEPS = 10
+BRIDGE_MIN_LR_RATIO = 0.1
+BRIDGE_ADAM_EPS = 1e-5
+"""`distributed_fused_adam_with_cosine_annealing(adam_eps=1e-5)`; weight decay stays ours (Bridge pins 0.033)."""
+BRIDGE_MUON_NS_PRECISION = "bf16"
+"""Bridge's `muon_fp32_matmul_prec="medium"` (bf16 matmuls inside NS) for GPU speed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BridgePerfLayout:
+    """One Bridge perf preset: the layout and batch, plus the Bridge-only kernel knobs the megatron backend sets."""
+
+    model: str
+    gpu: str
+    num_gpus: int
+    tp: int = 1
+    pp: int = 1
+    vp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    global_batch_size: int
+    micro_batch_size: int = 1
+    seq_length: int = 4096
+    moe_flex_dispatcher_backend: str | None = None
+    """'hybridep' / 'deepep' (token_dispatcher 'flex'), None = Bridge's alltoall dispatcher."""
+    moe_a2a_overlap: bool = False
+    recompute_modules: tuple[str, ...] = ()
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
+    pp_layout: str | None = None
+    """Explicit Megatron pipeline layout string; None = derived from (pp, vp) for Kimi K2 as Bridge does."""
+    cudnn_norm: bool = False
+    """Keep TE's cuDNN norms (Bridge: Kimi K2 with MXFP8 on GB200/GB300 only)."""
+
+
+_KIMI = dict(model="kimi_k2", recompute_modules=("mla_up_proj",), etp=1)
+_QWEN = dict(model="qwen3_30b_a3b", ep=8, etp=1, global_batch_size=512, cuda_graph_impl="transformer_engine",
+             cuda_graph_scope=("moe_router", "moe_preprocess"))
+
+BRIDGE_PERF_LAYOUTS: dict[tuple[str, str], BridgePerfLayout] = {
+    (row.model, row.gpu): row
+    for row in (
+        BridgePerfLayout(**_KIMI, gpu="gb300", num_gpus=256, pp=4, vp=4, ep=64, global_batch_size=4096,
+                         micro_batch_size=2, moe_flex_dispatcher_backend="hybridep", cudnn_norm=True),
+        BridgePerfLayout(**_KIMI, gpu="gb200", num_gpus=256, pp=4, vp=4, ep=64, global_batch_size=2048,
+                         moe_flex_dispatcher_backend="hybridep", cuda_graph_impl="transformer_engine",
+                         cuda_graph_scope=("moe_router", "moe_preprocess"), cudnn_norm=True),
+        BridgePerfLayout(**_KIMI, gpu="b200", num_gpus=256, pp=16, ep=16, global_batch_size=2048),
+        BridgePerfLayout(**{**_KIMI, "recompute_modules": ("mla_up_proj", "mlp")}, gpu="h100", num_gpus=1024, tp=8,
+                         pp=16, vp=2, ep=64, global_batch_size=8192, pp_layout="Et|(tt|)*30L"),
+        BridgePerfLayout(**_QWEN, gpu="gb300", num_gpus=8, micro_batch_size=8, moe_flex_dispatcher_backend="hybridep"),
+        BridgePerfLayout(**{**_QWEN, "cuda_graph_scope": ("attn", "moe_router", "moe_preprocess")}, gpu="gb200",
+                         num_gpus=8, micro_batch_size=4, moe_flex_dispatcher_backend="hybridep"),
+        BridgePerfLayout(**_QWEN, gpu="b200", num_gpus=8),
+        BridgePerfLayout(**{**_QWEN, "global_batch_size": 1024}, gpu="h100", num_gpus=16, pp=2, vp=12,
+                         moe_a2a_overlap=True, moe_flex_dispatcher_backend="deepep"),
+    )
+}
+
+
+def perf_layout(model: str, gpu: str) -> BridgePerfLayout:
+    """The Bridge preset for ``model`` on ``gpu`` (raises listing the systems Bridge has for that model)."""
+    gpus = tuple(g for (m, g) in BRIDGE_PERF_LAYOUTS if m == model)
+    if not gpus:
+        models = tuple(sorted({m for m, _ in BRIDGE_PERF_LAYOUTS}))
+        raise ValueError(f"model must be one of {models} (models with a Bridge perf preset); got {model!r}")
+    check_choice(f"system.gpu (Bridge presets for {model})", gpu, gpus)
+    return BRIDGE_PERF_LAYOUTS[(model, gpu)]
+
+
+def bridge_optimizer(optimizer: str) -> OptimizerConfig:
+    """The optimizer section of a perf recipe: Bridge's settings, with our fixes (momentum 0.95, TP mode
+    duplicated, weight decay as set)."""
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    if optimizer == "muon":
+        return MuonConfig(ns_precision=BRIDGE_MUON_NS_PRECISION)
+    if optimizer == "adamw":
+        return AdamWConfig(eps=BRIDGE_ADAM_EPS)
+    return SoapConfig()
+
+
+def check_layout(recipe: TrainingRecipe) -> None:
+    """Validate the recipe's parallel layout against its world size: model-parallel degrees divide the world,
+    expert parallelism fits inside each pipeline stage, the global batch splits into micro-batches per DP rank,
+    and every (virtual) pipeline stage gets at least one layer."""
+    par, world = recipe.parallelism, recipe.world_size
+    dp = par.dp(world)
+    expert_group = par.ep * par.etp * par.pp
+    if world % expert_group:
+        raise ValueError(
+            f"parallelism.ep must make ep*etp*pp = {par.ep}*{par.etp}*{par.pp} = {expert_group} divide the world "
+            f"size {world}; got ep={par.ep}"
+        )
+    per_step = recipe.trainer.micro_batch_size * dp
+    if recipe.trainer.global_batch_size % per_step:
+        raise ValueError(
+            f"trainer.global_batch_size must be a multiple of micro_batch_size*dp = "
+            f"{recipe.trainer.micro_batch_size}*{dp} = {per_step}; got {recipe.trainer.global_batch_size}"
+        )
+    stages = par.pp * par.vp
+    if recipe.model.num_layers < stages:
+        raise ValueError(
+            f"parallelism.pp*vp must be <= model.num_layers ({recipe.model.num_layers}); got {par.pp}*{par.vp}={stages}"
+        )
+
+
+def bridge_perf_recipe(
+    name: str,
+    model: ModelSpec,
+    *,
+    optimizer: str = "muon",
+    gpu: str = "gb300",
+    precision: str = "mxfp8",
+    num_gpus: int | None = None,
+) -> TrainingRecipe:
+    """A megatron-backend benchmark recipe from Bridge's preset for (model, gpu).
+
+    ``num_gpus`` other than the preset's keeps TP/PP/VP/CP/EP and scales the global batch with the GPU count, as
+    Bridge's perf launcher does (`gbs_scaling_factor`). The layout is validated.
+    """
+    row = perf_layout(model.name, gpu)
+    gpus = row.num_gpus if num_gpus is None else num_gpus
+    check_positive_int("system.num_gpus", gpus)
+    per_node = GPUS_PER_NODE[gpu]
+    if gpus % per_node:
+        raise ValueError(f"system.num_gpus must be a multiple of {per_node} GPUs per {gpu} node; got {gpus}")
+    gbs = row.global_batch_size * gpus // row.num_gpus
+    recipe = TrainingRecipe(
+        name=name,
+        model=model,
+        optimizer=bridge_optimizer(optimizer),
+        parallelism=ParallelismConfig(tp=row.tp, pp=row.pp, vp=row.vp, cp=row.cp, ep=row.ep, etp=row.etp,
+                                      sequence_parallel=row.tp > 1),
+        system=SystemConfig(gpu=gpu, num_nodes=gpus // per_node, gpus_per_node=per_node),
+        trainer=TrainerConfig(max_steps=BENCHMARK_STEPS, global_batch_size=gbs, micro_batch_size=row.micro_batch_size,
+                              seq_length=row.seq_length),
+        scheduler=SchedulerConfig(kind="cosine", warmup_steps=BENCHMARK_WARMUP_STEPS, min_lr_ratio=BRIDGE_MIN_LR_RATIO),
+        data=DataConfig(kind="mock"),
+        precision=PrecisionConfig(kind=precision),
+        checkpoint=CheckpointConfig(save_interval=0),
+        backend="megatron",
+        layerwise=optimizer != "adamw",
+        env=perf_env(gpu, tp=row.tp, cp=row.cp, ep=row.ep, hybrid_ep=row.moe_flex_dispatcher_backend == "hybridep",
+                     cudnn_norm=row.cudnn_norm and precision == "mxfp8"),
+    )
+    check_layout(recipe)
+    return recipe
