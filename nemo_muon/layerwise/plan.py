@@ -1,0 +1,227 @@
+"""Ownership plan of the layer-wise distributed optimizer: which data-parallel rank updates which whole tensor.
+
+Torch-free (the planner and the CLI import it). The cost model and the assignment rules:
+
+- ``ns_cost(shape)``: FLOPs of ``steps`` Newton–Schulz iterations on one matrix transposed to its short side
+  (m <= n): each step is X·Xᵀ (2m²n), A·A (2m³) and B·X (2m²n), so 5 quintic steps cost 20m²n + 10m³ with GEMMs
+  (15m²n + 5m³ when X·Xᵀ and A·A use SYRK). A 3-D stack (E, m, n) costs E times one matrix.
+- ``soap_cost(shape)``: SOAP's per-step matrix work (Kronecker factor updates, rotations in and out of the
+  eigenbasis) plus one eigenbasis refresh (power iteration + QR) every ``precondition_frequency`` steps.
+- ``lpt_assign``: longest-processing-time-first: items by cost descending (ties by index), each to the
+  least-loaded bin (ties by bin index). Deterministic, so every rank computes the same plan with no communication.
+- Baselines: ``round_robin`` (KellerJordan/Muon: sort by shape descending, item k to rank k mod N) and
+  ``ping_pong`` (Megatron-Core's legacy layer-wise path: sort by numel descending, ranks 0..N-1 then N-1..0).
+
+Items that Muon/SOAP precondition carry an NS cost; element-wise items (norms, embeddings, the head: AdamW) carry
+cost 0 and are balanced by bytes after the matrices. Items can be pinned to a rank (routed experts on their EP rank).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from nemo_muon._validation import check_choice, check_positive_int, fail
+
+Method = Literal["lpt", "round_robin", "ping_pong"]
+METHODS: tuple[str, ...] = ("lpt", "round_robin", "ping_pong")
+
+
+def _dims(shape: Sequence[int]) -> tuple[int, ...]:
+    dims = tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise fail("shape", tuple(shape), "a sequence of non-negative integers")
+    return dims
+
+
+def ns_cost(shape: Sequence[int], steps: int = 5, *, syrk: bool = False) -> float:
+    """Newton–Schulz FLOPs of one matrix (or of every matrix of a 3-D+ stack); 0 for 0-D/1-D shapes.
+
+    20m²n + 10m³ for 5 steps on an (m, n) matrix with m <= n (GEMMs); 15m²n + 5m³ with ``syrk``.
+    """
+    check_positive_int("steps", steps)
+    dims = _dims(shape)
+    if len(dims) < 2:
+        return 0.0
+    batch = math.prod(dims[:-2])
+    m, n = sorted(dims[-2:])
+    per_step = (3 * m * m * n + m**3) if syrk else (4 * m * m * n + 2 * m**3)
+    return float(batch * steps * per_step)
+
+
+def soap_cost(shape: Sequence[int], precondition_frequency: int = 1) -> float:
+    """SOAP FLOPs per step of one (m, n) matrix: factor updates G·Gᵀ and Gᵀ·G (2m²n + 2mn²), rotations into and
+    out of the eigenbasis (4m²n + 4mn²), and every ``precondition_frequency`` steps one power iteration + QR per
+    factor (~ (2 + 4/3)(m³ + n³)). 0 for 0-D/1-D shapes; a 3-D stack costs its batch size times one matrix."""
+    check_positive_int("precondition_frequency", precondition_frequency)
+    dims = _dims(shape)
+    if len(dims) < 2:
+        return 0.0
+    batch = math.prod(dims[:-2])
+    m, n = dims[-2:]
+    per_step = 6 * m * n * (m + n) + (10.0 / 3.0) * (m**3 + n**3) / precondition_frequency
+    return float(batch * per_step)
+
+
+def lpt_assign(costs: Sequence[float], num_bins: int, *, initial_loads: Sequence[float] | None = None) -> list[int]:
+    """Assign items to ``num_bins`` bins by LPT; returns the bin of each item (deterministic, ties by index).
+
+    ``initial_loads`` (one per bin) start the bins with work already placed (for example pinned experts).
+    """
+    check_positive_int("num_bins", num_bins)
+    loads = [0.0] * num_bins if initial_loads is None else [float(x) for x in initial_loads]
+    if len(loads) != num_bins:
+        raise fail("initial_loads", f"{len(loads)} values", f"one value per bin ({num_bins})")
+    for i, c in enumerate(costs):
+        if not (c >= 0.0) or math.isinf(c):
+            raise fail(f"costs[{i}]", c, "a finite number >= 0")
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    heap = [(load, b) for b, load in enumerate(loads)]
+    heapq.heapify(heap)
+    out = [0] * len(costs)
+    for i in order:
+        load, b = heapq.heappop(heap)
+        out[i] = b
+        heapq.heappush(heap, (load + costs[i], b))
+    return out
+
+
+def round_robin_assign(shapes: Sequence[Sequence[int]], num_bins: int) -> list[int]:
+    """KellerJordan/Muon's split: sort by shape descending (stable), item k of that order to bin k mod N."""
+    check_positive_int("num_bins", num_bins)
+    order = sorted(range(len(shapes)), key=lambda i: tuple(-d for d in shapes[i]))
+    out = [0] * len(shapes)
+    for k, i in enumerate(order):
+        out[i] = k % num_bins
+    return out
+
+
+def ping_pong_assign(numels: Sequence[int], num_bins: int) -> list[int]:
+    """Megatron-Core's legacy layer-wise split: sort by numel descending (stable), bins 0..N-1, N-1..0, ..."""
+    check_positive_int("num_bins", num_bins)
+    order = sorted(range(len(numels)), key=lambda i: (-numels[i], i))
+    out = [0] * len(numels)
+    for k, i in enumerate(order):
+        lap, pos = divmod(k, num_bins)
+        out[i] = pos if lap % 2 == 0 else num_bins - 1 - pos
+    return out
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """One unit of ownership: a whole tensor (or one expert of a stack), its cost and its size."""
+
+    name: str
+    shape: tuple[int, ...]
+    cost: float
+    """Preconditioner FLOPs per step (NS or SOAP); 0 for element-wise (AdamW) items."""
+    nbytes: int
+    """Bytes of the parameter (the gather volume; optimizer state scales with it)."""
+    pinned_rank: int | None = None
+    """Rank that must own this item (routed experts on their EP rank); None = free."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class OwnershipPlan:
+    """Owner rank of every item, with per-rank preconditioner FLOPs and bytes."""
+
+    num_ranks: int
+    method: str
+    owners: dict[str, int]
+    flops: list[float]
+    nbytes: list[int]
+    items: list[PlanItem] = field(repr=False, default_factory=list)
+
+    @property
+    def imbalance(self) -> float:
+        """max/mean of per-rank preconditioner FLOPs (1.0 when there is no such work)."""
+        return _max_over_mean(self.flops)
+
+    @property
+    def bytes_imbalance(self) -> float:
+        """max/mean of per-rank owned bytes."""
+        return _max_over_mean([float(b) for b in self.nbytes])
+
+    def items_of(self, rank: int) -> list[str]:
+        """Names owned by ``rank``, in item order."""
+        return [it.name for it in self.items if self.owners[it.name] == rank]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data."""
+        return {
+            "num_ranks": self.num_ranks,
+            "method": self.method,
+            "imbalance": self.imbalance,
+            "bytes_imbalance": self.bytes_imbalance,
+            "flops_per_rank": list(self.flops),
+            "bytes_per_rank": list(self.nbytes),
+            "owners": dict(self.owners),
+        }
+
+    def format(self) -> str:
+        """A small table: per-rank FLOPs, bytes and item count, then the imbalance."""
+        counts = [0] * self.num_ranks
+        for r in self.owners.values():
+            counts[r] += 1
+        lines = [f"ownership plan ({self.method}, {self.num_ranks} ranks)", "rank  precond GFLOP  MiB  items"]
+        for r in range(self.num_ranks):
+            lines.append(f"{r:4d}  {self.flops[r] / 1e9:13.3f}  {self.nbytes[r] / 2**20:.2f}  {counts[r]:5d}")
+        lines.append(f"imbalance max/mean: flops {self.imbalance:.4f}, bytes {self.bytes_imbalance:.4f}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _max_over_mean(values: Sequence[float]) -> float:
+    total = sum(values)
+    if total <= 0:
+        return 1.0
+    return max(values) / (total / len(values))
+
+
+def plan_ownership(items: Sequence[PlanItem], num_ranks: int, method: Method = "lpt") -> OwnershipPlan:
+    """Assign every item to a rank: pinned items first, then costed items by ``method``, then cost-0 items by
+    LPT on bytes (so owned bytes stay balanced). Deterministic in the item order."""
+    check_positive_int("num_ranks", num_ranks)
+    check_choice("method", method, METHODS)
+    names = [it.name for it in items]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise fail("items", f"duplicate names {dup[:5]}", "unique item names")
+    flops = [0.0] * num_ranks
+    nbytes = [0] * num_ranks
+    owners: dict[str, int] = {}
+
+    def place(it: PlanItem, r: int) -> None:
+        owners[it.name] = r
+        flops[r] += it.cost
+        nbytes[r] += it.nbytes
+
+    for it in items:
+        if it.pinned_rank is not None:
+            if not (isinstance(it.pinned_rank, int) and 0 <= it.pinned_rank < num_ranks):
+                raise fail(f"items[{it.name!r}].pinned_rank", it.pinned_rank, f"an int in [0, {num_ranks})")
+            place(it, it.pinned_rank)
+    costed = [it for it in items if it.pinned_rank is None and it.cost > 0]
+    if method == "lpt":
+        bins = lpt_assign([it.cost for it in costed], num_ranks, initial_loads=flops)
+    elif method == "round_robin":
+        bins = round_robin_assign([it.shape for it in costed], num_ranks)
+    else:
+        bins = ping_pong_assign([it.numel for it in costed], num_ranks)
+    for it, r in zip(costed, bins, strict=True):
+        place(it, r)
+    rest = [it for it in items if it.pinned_rank is None and it.cost <= 0]
+    for it, r in zip(rest, lpt_assign([float(it.nbytes) for it in rest], num_ranks, initial_loads=nbytes),
+                     strict=True):
+        place(it, r)
+    return OwnershipPlan(num_ranks=num_ranks, method=method, owners=owners, flops=flops, nbytes=nbytes,
+                         items=list(items))
