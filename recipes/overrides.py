@@ -1,0 +1,176 @@
+"""NeMo-Run-style ``a.b=value`` overrides applied to a `TrainingRecipe`, with errors that list what is valid.
+
+Keys (NeMo's section names are accepted as aliases: ``optim`` = ``optimizer``, ``log`` = ``logging``):
+
+* ``<section>.<field>=value`` for the sections model, optimizer, parallelism, system, trainer, scheduler, data,
+  precision, checkpoint, logging (``optim.lr=3e-4``, ``trainer.max_steps=100``, ``model.num_layers=2``);
+* ``<field>=value`` for the recipe's own fields (``backend=torch``, ``qk_clip=true``, ``layerwise=false``);
+* ``env.<NAME>=value`` sets an environment variable of the run;
+* ``optimizer=muon|adamw|soap`` switches the optimizer to that kind's defaults, keeping lr and weight_decay;
+  ``model=<name>`` picks another model spec from `nemo_muon.models.specs.MODEL_SPECS`.
+
+Values are converted by the field's type (bool: true/false/1/0/yes/no; tuples: ``(0.9,0.95)`` or ``0.9,0.95``;
+``none``/``null`` for optional fields), then every section is validated again. Overrides apply in order, so
+``optim=adamw optim.eps=1e-5`` works. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+from nemo_muon._validation import check_choice
+from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
+from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.models.specs import MODEL_SPECS
+
+SECTION_ALIASES: dict[str, str] = {"optim": "optimizer", "log": "logging"}
+SECTIONS: tuple[str, ...] = (
+    "model", "optimizer", "parallelism", "system", "trainer", "scheduler", "data", "precision", "checkpoint",
+    "logging",
+)
+TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "backend", "layerwise", "qk_clip", "qk_clip_threshold", "qk_clip_alpha")
+OPTIMIZER_KINDS: dict[str, type] = {"muon": MuonConfig, "adamw": AdamWConfig, "soap": SoapConfig}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def _init_fields(obj: Any) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(obj) if f.init)
+
+
+def valid_keys(recipe: TrainingRecipe) -> list[str]:
+    """Every override key this recipe accepts (``env.<NAME>`` stands for any variable name)."""
+    keys = [*TOP_LEVEL_KEYS, "optimizer", "model", "env.<NAME>"]
+    for section in SECTIONS:
+        keys += [f"{section}.{f}" for f in _init_fields(getattr(recipe, section))]
+    return keys
+
+
+def split_override(arg: str) -> tuple[str, str]:
+    """``'optim.lr=3e-4'`` -> ``('optim.lr', '3e-4')``; raises unless the argument has the form key=value."""
+    key, sep, value = arg.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"override must have the form key=value (e.g. optim.lr=3e-4); got {arg!r}")
+    return key.strip(), value.strip()
+
+
+def _canonical(key: str, recipe: TrainingRecipe) -> tuple[str, str | None]:
+    """Resolve aliases and check the key exists: returns (section or top-level name, field or None)."""
+    head, _, field = key.partition(".")
+    head = SECTION_ALIASES.get(head, head)
+    if not field:
+        check_choice("override key", head, (*TOP_LEVEL_KEYS, "optimizer", "model", *SECTION_ALIASES))
+        return head, None
+    if head == "env":
+        if not _ENV_NAME.match(field):
+            raise ValueError(f"override key env.<NAME> must name an environment variable [A-Za-z_][A-Za-z0-9_]*; "
+                             f"got {key!r}")
+        return head, field
+    check_choice(f"override key section (in {key!r})", head, (*SECTIONS, "env", *SECTION_ALIASES))
+    section = getattr(recipe, head)
+    fields = _init_fields(section)
+    if field not in fields:
+        raise ValueError(
+            f"override key {key!r} is unknown: {head} ({type(section).__name__}) has the fields {fields}; got {field!r}"
+        )
+    return head, field
+
+
+def _is_union(tp: Any) -> bool:
+    return get_origin(tp) in (typing.Union, types.UnionType)
+
+
+def convert_value(key: str, raw: Any, hint: Any) -> Any:
+    """Convert a command-line string to the field type ``hint`` (non-strings must already have that type)."""
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        check_choice(key, text, args)
+        return text
+    if _is_union(hint):
+        if type(None) in args and text.lower() in ("none", "null"):
+            return None
+        members = [a for a in args if a is not type(None)]
+        errors = []
+        for member in members:
+            try:
+                return convert_value(key, text, member)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(errors[0] if len(errors) == 1 else f"{key} must be one of the types {members}; got {raw!r}")
+    if hint is bool:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ValueError(f"{key} must be a boolean (one of {_TRUE + _FALSE}); got {raw!r}")
+    if hint is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{key} must be an integer; got {raw!r}") from None
+    if hint is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{key} must be a number; got {raw!r}") from None
+    if hint is str:
+        return text.strip("'\"")
+    if origin is tuple:
+        items = [t for t in text.strip("()[] ").split(",") if t.strip()]
+        elem_types = [a for a in args if a is not Ellipsis]
+        if Ellipsis not in args and len(items) != len(elem_types):
+            raise ValueError(f"{key} must be a tuple of {len(elem_types)} values like (a,b); got {raw!r}")
+        if Ellipsis in args:
+            elem_types = elem_types * len(items)
+        return tuple(convert_value(f"{key}[{i}]", item, t) for i, (item, t) in enumerate(zip(items, elem_types, strict=True)))
+    raise ValueError(f"{key} cannot be set from the command line (type {hint}); got {raw!r}")
+
+
+def _switch_optimizer(recipe: TrainingRecipe, kind: Any) -> Any:
+    check_choice("optimizer", kind, tuple(OPTIMIZER_KINDS))
+    current = recipe.optimizer
+    return OPTIMIZER_KINDS[kind](lr=current.lr, weight_decay=current.weight_decay)
+
+
+def apply_overrides(recipe: TrainingRecipe, overrides: Sequence[str] | Mapping[str, Any]) -> TrainingRecipe:
+    """A new, validated recipe with ``overrides`` applied in order (the input recipe is not changed).
+
+    ``overrides`` is a list of ``key=value`` strings or a mapping key -> value (strings are converted by type).
+    """
+    pairs = list(overrides.items()) if isinstance(overrides, Mapping) else [split_override(a) for a in overrides]
+    for key, raw in pairs:
+        head, field = _canonical(key, recipe)
+        if head == "env":
+            if not isinstance(raw, str):
+                raise ValueError(f"{key} must be a string; got {raw!r}")
+            recipe = dataclasses.replace(recipe, env={**recipe.env, field: raw})
+        elif field is None and head == "optimizer":
+            recipe = dataclasses.replace(recipe, optimizer=_switch_optimizer(recipe, raw))
+        elif field is None and head == "model":
+            check_choice("model", raw, tuple(MODEL_SPECS))
+            recipe = dataclasses.replace(recipe, model=MODEL_SPECS[raw])
+        elif field is None:
+            hint = get_type_hints(TrainingRecipe)[head]
+            recipe = dataclasses.replace(recipe, **{head: convert_value(key, raw, hint)})
+        else:
+            section = getattr(recipe, head)
+            value = convert_value(f"{head}.{field}", raw, get_type_hints(type(section))[field])
+            recipe = dataclasses.replace(recipe, **{head: dataclasses.replace(section, **{field: value})})
+    recipe.validate()
+    return recipe
+
+
+def check_override_keys(recipe: TrainingRecipe, overrides: Sequence[str]) -> None:
+    """Raise on the first malformed or unknown key, without converting values (fast pre-check for CLIs)."""
+    for arg in overrides:
+        key, _ = split_override(arg)
+        _canonical(key, recipe)
