@@ -1,0 +1,148 @@
+"""Muon: momentum, orthogonalized by Newton–Schulz, for hidden matrices; AdamW for the rest, in one optimizer.
+
+Per matrix-routed parameter (decoupled weight decay first, as in torch.optim.AdamW):
+    m <- m.lerp(g, 1 - momentum);  u <- g.lerp(m, momentum) if nesterov else m
+    for each part P of u (fused weights split: QKV, gate/up; 3-D expert stacks: per expert, one batched NS):
+        O = NS(P) * scale(out, in) * extra_scale_factor
+    p <- p·(1 - lr·wd) - lr·O
+Scale modes, with (out, in) the part's *global* shape (local shard shape in blockwise TP mode):
+spectral sqrt(max(out, in)); shape_scaling sqrt(max(1, out/in)); unit_rms_norm sqrt(out/in);
+match_rms_adamw 0.2·sqrt(max(out, in)).
+Tensor parallelism: with ``tp_group`` set, a parameter with ``tensor_model_parallel=True`` and ``partition_dim``
+attributes (Megatron's convention) is a shard; its NS runs in ``tp_mode`` (see ``nemo_muon.optim.newton_schulz``), all
+matrices of one step together so distributed-mode collectives are fused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nemo_muon.config.optimizer import MuonConfig
+from nemo_muon.optim.fused import merge_parts, split_parts
+from nemo_muon.optim.newton_schulz import newton_schulz_many
+from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
+from nemo_muon.optim.routing import Layout, MatrixRule
+
+
+def muon_scale(out_dim: int, in_dim: int, mode: str) -> float:
+    """The update scale of a (out_dim, in_dim) matrix for ``scale_mode`` (module docstring)."""
+    if mode == "spectral":
+        return math.sqrt(max(out_dim, in_dim))
+    if mode == "shape_scaling":
+        return math.sqrt(max(1.0, out_dim / in_dim))
+    if mode == "unit_rms_norm":
+        return math.sqrt(out_dim / in_dim)
+    if mode == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(out_dim, in_dim))
+    raise ValueError(f"muon.scale_mode must be one of ('spectral', 'shape_scaling', 'unit_rms_norm', "
+                     f"'match_rms_adamw'); got {mode!r}")
+
+
+def tp_partition_dim(p: torch.Tensor) -> int | None:
+    """The TP partition dim of a Megatron-style parameter (``tensor_model_parallel`` + ``partition_dim``), or None."""
+    if not getattr(p, "tensor_model_parallel", False):
+        return None
+    dim = getattr(p, "partition_dim", None)
+    return dim
+
+
+class Muon(RoutedOptimizer):
+    """Muon for hidden matrices and 3-D expert stacks, AdamW for embeddings, head, norms and biases.
+
+    ``params``: ``model.named_parameters()`` (names drive the routing), plain tensors, or param-group dicts (a group
+    may force ``"algorithm": "matrix" | "adamw"``). Keyword names equal ``MuonConfig``'s fields; ``matrix_rule``,
+    ``fused_layouts`` (see ``nemo_muon.optim.routing``) and ``master_weights`` (fp32 master copy for bf16/fp16
+    params) are runtime extras. ``step(closure=None, *, skip_nonfinite_check=False)``; after a step
+    ``last_step_skipped`` tells whether a non-finite gradient skipped it (``skipped_steps`` counts them).
+    """
+
+    label = "Muon"
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float,
+        weight_decay: float = 0.0,
+        *,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        coefficients: str = "quintic",
+        scale_mode: str = "spectral",
+        extra_scale_factor: float = 1.0,
+        ns_precision: str = "fp32",
+        split_qkv: bool = True,
+        split_gate_up: bool = True,
+        adamw_betas: tuple[float, float] = (0.9, 0.95),
+        adamw_eps: float = 1e-8,
+        adamw_lr: float | None = None,
+        nonfinite: str = "skip",
+        tp_group: dist.ProcessGroup | None = None,
+        tp_mode: str = "duplicated",
+        matrix_rule: MatrixRule | None = None,
+        fused_layouts: Mapping[str, Layout | Mapping | None] | None = None,
+        master_weights: bool = False,
+    ) -> None:
+        MuonConfig(  # the one place the ranges live; raises naming the field
+            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
+            coefficients=coefficients, scale_mode=scale_mode, extra_scale_factor=extra_scale_factor,
+            ns_precision=ns_precision, tp_mode=tp_mode, split_qkv=split_qkv, split_gate_up=split_gate_up,
+            adamw_lr=adamw_lr, adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, nonfinite=nonfinite,
+        )
+        self.tp_group = tp_group
+        self.tp_mode = tp_mode
+        defaults = dict(
+            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
+            coefficients=coefficients, scale_mode=scale_mode, extra_scale_factor=extra_scale_factor,
+            ns_precision=ns_precision, adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps,
+        )
+        super().__init__(
+            params, defaults, nonfinite=nonfinite, master_weights=master_weights, matrix_rule=matrix_rule,
+            fused_layouts=fused_layouts, split_qkv=split_qkv, split_gate_up=split_gate_up, adamw_lr=adamw_lr,
+        )
+
+    def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
+        world = 1 if self.tp_group is None else dist.get_world_size(self.tp_group)
+        # 1. momentum and NS input per param, split into parts
+        parts: list[list[torch.Tensor]] = []
+        for it in items:
+            g = it.group
+            if "momentum_buffer" not in it.state:
+                it.state["momentum_buffer"] = torch.zeros_like(it.grad)
+            buf = it.state["momentum_buffer"]
+            buf.lerp_(it.grad, 1 - g["momentum"])
+            u = it.grad.lerp(buf, g["momentum"]) if g["nesterov"] else buf
+            parts.append(split_parts(u, it.route, it.name))
+        # 2. NS for all parts with the same NS settings together (TP collectives fused)
+        outs: list[list[torch.Tensor | None]] = [[None] * len(ps) for ps in parts]
+        keys: dict[tuple, list[tuple[int, int]]] = {}
+        for i, it in enumerate(items):
+            g = it.group
+            key = (g["ns_steps"], g["coefficients"], g["ns_precision"])
+            keys.setdefault(key, []).extend((i, j) for j in range(len(parts[i])))
+        for (steps, coeffs, precision), where in keys.items():
+            dims = [tp_partition_dim(items[i].param) if self.tp_group is not None else None for i, _ in where]
+            ys = newton_schulz_many(
+                [parts[i][j] for i, j in where], steps, coeffs, tp_group=self.tp_group, tp_mode=self.tp_mode,
+                partition_dims=dims, precision=precision,
+            )
+            for (i, j), y in zip(where, ys, strict=True):
+                outs[i][j] = y
+        # 3. scale each part by its (global) shape, merge
+        updates = []
+        for i, it in enumerate(items):
+            g = it.group
+            pdim = tp_partition_dim(it.param) if self.tp_group is not None else None
+            scaled = []
+            for y in outs[i]:
+                shape = [y.shape[-2], y.shape[-1]]
+                if pdim is not None and self.tp_mode != "blockwise":
+                    shape[pdim - y.ndim if pdim >= 0 else pdim] *= world
+                scaled.append(y * (muon_scale(shape[0], shape[1], g["scale_mode"]) * g["extra_scale_factor"]))
+            updates.append(merge_parts(scaled, it.route, it.grad))
+        return updates

@@ -1,0 +1,83 @@
+"""Cost model of Newton–Schulz: FLOPs per algorithm, and the choice of TP mode (``tp_mode="auto"``).
+
+FLOPs count multiply-adds as 2 FLOPs, for one matrix (m, n) with m <= n (the side being whitened):
+- standard: each step A = X·Xᵀ (2m²n), A·A (2m³), B·X (2m²n)  -> steps * (4m²n + 2m³)
+- gram: X·Xᵀ once (2m²n), per step the polynomial (2m³), Z·Q (2m³, not on the first step) and Z·R·Z (4m³, not on the
+  last step), Q·X once (2m²n)  -> 4m²n + 2m³·(4·steps - 3)
+The algorithm used locally is ``gram`` when n >= GRAM_MIN_ASPECT * m (measured on CPU fp32 by bench/ns.py), else
+``standard``.
+
+TP mode choice for one matrix sharded over p ranks along ``partition_dim`` (time = FLOPs/flop_rate +
+bytes/bandwidth + collectives*latency, per rank):
+- duplicated: all-gather of the other (p-1)/p of the matrix, then the full NS on every rank.
+- distributed: only possible when the shard is along the contracted (long) side; NS FLOPs of the m²n terms split p
+  ways, the m³ terms duplicated, all-reduces of m×m Gram matrices (1 for gram, steps + 1 for standard, plus one
+  scalar for the norm).
+``auto`` picks the cheaper of the two (never blockwise, which changes the result).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GRAM_MIN_ASPECT = 2.0
+"""Use Gram NS when the long side is at least this many times the short side."""
+
+
+def choose_algorithm(m: int, n: int) -> str:
+    """``gram`` or ``standard`` for a matrix whose whitened side is m and contracted side is n."""
+    short, long = min(m, n), max(m, n)
+    return "gram" if long >= GRAM_MIN_ASPECT * short else "standard"
+
+
+def ns_flops(m: int, n: int, steps: int, algorithm: str) -> float:
+    """FLOPs of ``steps`` NS iterations on an m×n matrix, whitening the m side (see module docstring)."""
+    if algorithm == "standard":
+        return float(steps * (4 * m * m * n + 2 * m**3))
+    return float(4 * m * m * n + 2 * m**3 * (4 * steps - 3))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TPCostModel:
+    """Machine numbers for the auto TP-mode choice. Defaults: one H100/H200-class GPU with NVLink (bf16 dense
+    ~4e14 FLOP/s effective for NS-sized GEMMs, ~1e11 B/s per-rank collective bandwidth, ~2e-5 s per collective)."""
+
+    flops_per_s: float = 4e14
+    bytes_per_s: float = 1e11
+    latency_s: float = 2e-5
+    bytes_per_element: int = 4
+
+
+DEFAULT_TP_COST = TPCostModel()
+
+
+def tp_mode_costs(
+    full_shape: tuple[int, int], partition_dim: int, world: int, steps: int, cost: TPCostModel = DEFAULT_TP_COST
+) -> dict[str, float]:
+    """Estimated seconds of each feasible TP mode for one matrix; ``partition_dim`` is -2 (rows) or -1 (cols)."""
+    rows, cols = full_shape
+    m, n = min(rows, cols), max(rows, cols)
+    bpe = cost.bytes_per_element
+    frac = (world - 1) / world
+    algo = choose_algorithm(m, n)
+    dup = ns_flops(m, n, steps, algo) / cost.flops_per_s + rows * cols * bpe * frac / cost.bytes_per_s
+    dup += cost.latency_s
+    costs = {"duplicated": dup}
+    contracted_dim = -1 if rows <= cols else -2
+    if partition_dim == contracted_dim:
+        big = 4 * m * m * n if algo == "gram" else steps * 4 * m * m * n
+        small = ns_flops(m, n, steps, algo) - big
+        reduces = 2 if algo == "gram" else steps + 2
+        comm_bytes = 2 * frac * m * m * bpe * (reduces - 1)
+        costs["distributed"] = (
+            (big / world + small) / cost.flops_per_s + comm_bytes / cost.bytes_per_s + reduces * cost.latency_s
+        )
+    return costs
+
+
+def choose_tp_mode(
+    full_shape: tuple[int, int], partition_dim: int, world: int, steps: int, cost: TPCostModel = DEFAULT_TP_COST
+) -> str:
+    """The cheaper of duplicated / distributed for one matrix under ``cost`` (ties go to duplicated)."""
+    costs = tp_mode_costs(full_shape, partition_dim, world, steps, cost)
+    return min(costs, key=lambda k: (costs[k], k != "duplicated"))
