@@ -1,0 +1,239 @@
+"""The torch-backend training loop: one function, `train(recipe, group=...)`, run by every data-parallel rank.
+
+Per optimizer step: the global batch (``trainer.global_batch_size`` windows, chosen by `TokenData` from the seed
+and the step) is split evenly over the DP ranks and, within a rank, into micro-batches of
+``trainer.micro_batch_size`` (gradient accumulation). The loss is the mean token cross-entropy of the whole
+global batch, so the update does not depend on the DP size. Then the learning rate is set from the schedule and
+the training optimizer reduces, clips and steps. Rank 0 logs metrics (JSONL schema in docs/ARCHITECTURE.md),
+prints a progress line, validates every ``trainer.eval_interval`` steps and at the end, and checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.models.hf import build_model, count_parameters
+from nemo_muon.train import checkpoint as ckpt
+from nemo_muon.train.data import TokenData, build_token_data, default_cache_dir
+from nemo_muon.train.flops import StepFlops, step_flops
+from nemo_muon.train.metrics import METRICS_FILE, MetricsWriter, Stopwatch, progress_line
+from nemo_muon.train.optimizers import TrainingOptimizer, build_training_optimizer, optimizer_kind
+from nemo_muon.train.schedule import lr_multiplier
+
+TORCH_PRECISIONS = ("fp32", "bf16")
+
+
+def _rank_world(group: Any) -> tuple[int, int]:
+    return (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
+
+
+def _barrier(group: Any) -> None:
+    if group is not None:
+        dist.barrier(group=group)
+
+
+def check_torch_recipe(recipe: TrainingRecipe, world_size: int) -> int:
+    """Validate what the torch backend supports; returns the gradient-accumulation steps per rank."""
+    recipe.validate()
+    p = recipe.parallelism
+    for name in ("tp", "pp", "cp", "ep", "etp", "vp"):
+        if getattr(p, name) != 1:
+            raise ValueError(f"parallelism.{name} must be 1 for backend 'torch' (data parallelism only); "
+                             f"got {getattr(p, name)}")
+    if recipe.world_size != world_size:
+        raise ValueError(f"system.num_nodes*gpus_per_node must equal the number of running ranks {world_size}; "
+                         f"got {recipe.world_size}")
+    if recipe.precision.kind not in TORCH_PRECISIONS:
+        raise ValueError(f"precision.kind must be one of {TORCH_PRECISIONS} for backend 'torch'; "
+                         f"got {recipe.precision.kind!r}")
+    t = recipe.trainer
+    per_step = t.micro_batch_size * world_size
+    if t.global_batch_size % per_step:
+        raise ValueError(f"trainer.global_batch_size must be a multiple of micro_batch_size * DP = {per_step}; "
+                         f"got {t.global_batch_size}")
+    if t.seq_length > recipe.model.max_position_embeddings:
+        raise ValueError(f"trainer.seq_length must be <= model max_position_embeddings "
+                         f"{recipe.model.max_position_embeddings}; got {t.seq_length}")
+    return t.global_batch_size // per_step
+
+
+def autocast_context(kind: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on the CPU for precision 'bf16' (raises if this CPU has no bf16 kernels), else nothing."""
+    if kind != "bf16":
+        return contextlib.nullcontext()
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise ValueError("precision.kind must be 'fp32' on this CPU (no bf16 support); got 'bf16'")
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def _loss_sum(model: torch.nn.Module, windows: np.ndarray, precision: str) -> tuple[torch.Tensor, int]:
+    x = torch.from_numpy(windows)
+    with autocast_context(precision):
+        logits = model(input_ids=x[:, :-1], use_cache=False).logits
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
+    return loss, x[:, 1:].numel()
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: TokenData, recipe: TrainingRecipe, group: Any) -> float:
+    """Mean validation token loss over the first eval_iters * global_batch_size validation windows (all of them
+    when eval_iters == 0); the windows are split over ranks and the sums reduced, so the value is DP-independent."""
+    rank, world = _rank_world(group)
+    t = recipe.trainer
+    ids = data.val_ids(t.eval_iters * t.global_batch_size if t.eval_iters else None)
+    mine = np.array_split(ids, world)[rank]
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64)
+    for start in range(0, len(mine), t.micro_batch_size):
+        loss, n = _loss_sum(model, data.batch(mine[start: start + t.micro_batch_size]), recipe.precision.kind)
+        total += torch.tensor([float(loss), n], dtype=torch.float64)
+    if group is not None:
+        dist.all_reduce(total, group=group)
+    model.train(was_training)
+    return float(total[0] / total[1])
+
+
+def run_dir_of(recipe: TrainingRecipe) -> Path:
+    return Path(recipe.logging.root) / (recipe.logging.run_name or recipe.name)
+
+
+def train(recipe: TrainingRecipe, *, group: Any = None, corpus_root: str | None = None,
+          stop_after_steps: int | None = None) -> dict[str, Any]:
+    """Train ``recipe`` on this rank of ``group`` (None = one process); returns a summary (same on every rank).
+
+    ``stop_after_steps`` ends the run early after that many steps (the schedule still spans max_steps): used to
+    simulate an interruption before ``checkpoint.resume``.
+    """
+    rank, world = _rank_world(group)
+    accum = check_torch_recipe(recipe, world)
+    t = recipe.trainer
+    run_dir = run_dir_of(recipe)
+    ckpt_root = Path(recipe.checkpoint.dir) if recipe.checkpoint.dir else run_dir / "checkpoints"
+
+    cache_dir = default_cache_dir(recipe.data, recipe.logging.root)
+    build = lambda: build_token_data(recipe.data, vocab_size=recipe.model.vocab_size,  # noqa: E731
+                                     seq_length=t.seq_length, seed=t.seed, cache_dir=cache_dir,
+                                     corpus_root=corpus_root)
+    if rank == 0:  # one rank fills the tokenizer / token caches, the others then read them
+        data = build()
+    _barrier(group)
+    if rank != 0:
+        data = build()
+
+    torch.manual_seed(t.seed)
+    model = build_model(recipe.model, seed=t.seed)
+    model.train()
+    opt: TrainingOptimizer = build_training_optimizer(recipe, model, group=group)
+    for g in opt.param_groups:
+        g.setdefault("peak_lr", g["lr"])
+
+    start_step, resumed_from = 0, None
+    if recipe.checkpoint.resume:
+        latest = ckpt.latest_checkpoint(ckpt_root)
+        if latest is None:
+            raise ValueError(f"checkpoint.resume=True needs a verified checkpoint under {str(ckpt_root)!r}; "
+                             "found none")
+        model_state, opt_state, manifest = ckpt.load_checkpoint(latest)
+        if manifest.get("data_fingerprint") != data.info["fingerprint"]:
+            raise ValueError(f"checkpoint data fingerprint must match this run's data "
+                             f"{data.info['fingerprint']!r}; got {manifest.get('data_fingerprint')!r}")
+        model.load_state_dict(model_state)
+        opt.load_state_dict(opt_state)
+        start_step, resumed_from = int(manifest["step"]), str(latest)
+    elif recipe.checkpoint.save_interval and ckpt.latest_checkpoint(ckpt_root) is not None:
+        raise ValueError(f"checkpoint.dir {str(ckpt_root)!r} already holds checkpoints; set checkpoint.resume=True "
+                         "or choose a new checkpoint.dir / logging.run_name (checkpoints are never overwritten)")
+
+    if start_step == 0 and (run_dir / METRICS_FILE).exists():
+        raise ValueError(f"logging.run_name must name a new run folder (or set checkpoint.resume=True); "
+                         f"{str(run_dir)!r} already holds {METRICS_FILE}")
+    _barrier(group)  # every rank has checked the folder before rank 0 creates files in it
+    flops: StepFlops = step_flops(recipe, tokens_per_step=t.global_batch_size * t.seq_length, world_size=world)
+    metrics = MetricsWriter(run_dir, enabled=rank == 0, tensorboard=recipe.logging.tensorboard)
+    metrics.write("run", recipe=recipe.name, optimizer=recipe.optimizer.name, world_size=world,
+                  model_params=count_parameters(model), model_family=recipe.model.family,
+                  optimizer_kind=optimizer_kind(recipe, world), max_steps=t.max_steps,
+                  global_batch_size=t.global_batch_size, micro_batch_size=t.micro_batch_size,
+                  grad_accumulation=accum, seq_length=t.seq_length, seed=t.seed, precision=recipe.precision.kind,
+                  lr=recipe.optimizer.lr, scheduler=recipe.scheduler.kind, data=data.info,
+                  model_flops_per_step=flops.model_flops, ns_flops_per_step=flops.ns_flops,
+                  tensorboard=metrics.tensorboard, resumed_from=resumed_from, start_step=start_step)
+
+    clock = Stopwatch()
+    per_rank = t.global_batch_size // world
+    end_step = t.max_steps if stop_after_steps is None else min(t.max_steps, start_step + stop_after_steps)
+    losses: dict[int, float] = {}
+    val_losses: dict[int, float] = {}
+    tokens_done = 0
+    steady_time = 0.0
+    for step in range(start_step, end_step):
+        t0 = time.perf_counter()
+        mult = lr_multiplier(recipe.scheduler, step, t.max_steps)
+        for g in opt.param_groups:
+            g["lr"] = g["peak_lr"] * mult
+        ids = data.train_batch_ids(step, t.global_batch_size, t.seed)[rank * per_rank:(rank + 1) * per_rank]
+        opt.zero_grad()
+        loss_acc = torch.zeros(1, dtype=torch.float64)
+        for micro in range(accum):
+            chunk = ids[micro * t.micro_batch_size:(micro + 1) * t.micro_batch_size]
+            loss, n = _loss_sum(model, data.batch(chunk), recipe.precision.kind)
+            (loss / (n * accum * world)).backward()
+            loss_acc += float(loss) / n
+        result = opt.step()
+        if group is not None:
+            dist.all_reduce(loss_acc, group=group)
+        loss_value = float(loss_acc) / (accum * world)
+        step_time = time.perf_counter() - t0
+        done = step + 1
+        tokens = t.global_batch_size * t.seq_length
+        tokens_done += tokens
+        if done > start_step + 1:
+            steady_time += step_time
+        losses[done] = loss_value
+        tps = tokens / step_time
+        if done % t.log_interval == 0 or done == end_step:
+            metrics.write("train", step=done, loss=loss_value, lr=recipe.optimizer.lr * mult,
+                          grad_norm=result.grad_norm, skipped=result.skipped, tokens=tokens_done,
+                          step_time_s=step_time, optimizer_time_s=result.optimizer_time_s, tokens_per_s=tps,
+                          model_tflops=flops.model_flops / world / step_time / 1e12,
+                          ns_tflops=flops.ns_flops / world / step_time / 1e12, elapsed_s=clock.elapsed())
+        val_loss = None
+        if (t.eval_interval and done % t.eval_interval == 0) or done == t.max_steps:
+            opt.wait_params()
+            val_loss = evaluate(model, data, recipe, group)
+            val_losses[done] = val_loss
+            metrics.write("val", step=done, val_loss=val_loss, elapsed_s=clock.elapsed())
+        eta = (end_step - done) * (clock.elapsed() / (done - start_step))
+        metrics.progress(progress_line(done, t.max_steps, loss_value, tps, eta, val_loss))
+        if recipe.checkpoint.save_interval and (done % recipe.checkpoint.save_interval == 0 or done == end_step):
+            _save(recipe, model, opt, ckpt_root, done, world, data, rank, group)
+    metrics.close()
+    steady_steps = max(0, end_step - start_step - 1)
+    return {
+        "run_dir": str(run_dir), "rank": rank, "world_size": world, "start_step": start_step,
+        "end_step": end_step, "resumed_from": resumed_from, "losses": losses, "val_losses": val_losses,
+        "tokens_per_s": (steady_steps * t.global_batch_size * t.seq_length / steady_time) if steady_time else None,
+        "wall_s": clock.elapsed(), "data": data.info,
+    }
+
+
+def _save(recipe: TrainingRecipe, model: torch.nn.Module, opt: TrainingOptimizer, root: Path, step: int,
+          world: int, data: TokenData, rank: int, group: Any) -> None:
+    opt.wait_params()
+    opt_state = opt.state_dict()  # may be a collective (sharded optimizers gather to a full state)
+    if rank == 0:
+        ckpt.remove_partial(root)
+        ckpt.save_checkpoint(root, step, model_state=model.state_dict(), optimizer_state=opt_state,
+                             meta={"recipe": recipe.name, "world_size": world, "optimizer": recipe.optimizer.name,
+                                   "data_fingerprint": data.info["fingerprint"]})
+    _barrier(group)

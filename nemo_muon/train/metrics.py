@@ -1,0 +1,102 @@
+"""Run metrics: the JSONL file (schema in docs/ARCHITECTURE.md), optional TensorBoard, and a progress line.
+
+Only rank 0 writes. Each event is one JSON object per line, flushed immediately, so a crashed or running job
+can be reported on. TensorBoard events are written when asked for and `torch.utils.tensorboard` imports;
+when asked for but not installed, the run says so once (and records `tensorboard: false` in its run event).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, TextIO
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def progress_line(step: int, max_steps: int, loss: float, tokens_per_s: float, eta_s: float,
+                  val_loss: float | None = None) -> str:
+    """One progress line: `[ 12/300  4%] loss 5.1234 | 8.1k tok/s | ETA 1m23s`."""
+    width = len(str(max_steps))
+    pct = 100.0 * step / max_steps
+    line = f"[{step:>{width}}/{max_steps} {pct:3.0f}%] loss {loss:.4f} | {tokens_per_s / 1e3:.1f}k tok/s"
+    if val_loss is not None:
+        line += f" | val {val_loss:.4f}"
+    return line + f" | ETA {_format_duration(eta_s)}"
+
+
+class MetricsWriter:
+    """Appends events to <run_dir>/metrics.jsonl (and TensorBoard); a no-op on ranks other than 0."""
+
+    def __init__(self, run_dir: str | Path, *, enabled: bool, tensorboard: bool = False,
+                 stream: TextIO | None = sys.stdout) -> None:
+        self.enabled = enabled
+        self.run_dir = Path(run_dir)
+        self.stream = stream
+        self._file = None
+        self._tb = None
+        self.tensorboard = False
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                warnings.warn("logging.tensorboard=True but the tensorboard package is not installed; "
+                              "writing metrics.jsonl only", stacklevel=2)
+            else:
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+                self.tensorboard = True
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / METRICS_FILE
+
+    def write(self, event: str, **fields: Any) -> None:
+        """Write one event line; numeric fields also go to TensorBoard under `<event>/<field>` at `step`."""
+        if not self.enabled or self._file is None:
+            return
+        record = {"event": event, **fields}
+        self._file.write(json.dumps(record, sort_keys=False) + "\n")
+        self._file.flush()
+        if self._tb is not None and "step" in fields:
+            for k, v in fields.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"{event}/{k}", v, fields["step"])
+
+    def progress(self, line: str) -> None:
+        """Print a progress line (rank 0 only)."""
+        if self.enabled and self.stream is not None:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+class Stopwatch:
+    """Wall time since construction."""
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
