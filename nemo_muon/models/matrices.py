@@ -161,14 +161,37 @@ def matrix_params(spec: ModelSpec, *, split_gate_up: bool = True, split_qkv: boo
     matrices Muon orthogonalizes); numel sums are the same either way. Filter with ``ParamInfo.is_hidden_matrix``
     for the Muon matrices.
     """
-    h = spec.hidden_size
-    out = [ParamInfo("embedding.word_embeddings.weight", (spec.vocab_size, h), "embedding")]
+    first, last = non_layer_params(spec)
+    out = list(first)
     for i in range(spec.num_layers):
         out += layer_params(spec, i, split_gate_up=split_gate_up, split_qkv=split_qkv)
-    out.append(ParamInfo("decoder.final_layernorm.weight", (h,), "norm"))
+    return out + last
+
+
+def non_layer_params(spec: ModelSpec) -> tuple[list[ParamInfo], list[ParamInfo]]:
+    """(parameters before the decoder layers, parameters after them): the embedding; the final norm and head."""
+    h = spec.hidden_size
+    last = [ParamInfo("decoder.final_layernorm.weight", (h,), "norm")]
     if not spec.tie_embeddings:
-        out.append(ParamInfo("output_layer.weight", (spec.vocab_size, h), "head"))
-    return out
+        last.append(ParamInfo("output_layer.weight", (spec.vocab_size, h), "head"))
+    return [ParamInfo("embedding.word_embeddings.weight", (spec.vocab_size, h), "embedding")], last
+
+
+def param_counts(spec: ModelSpec) -> tuple[int, int]:
+    """(total, active) parameter counts of ``spec`` without listing every expert of every layer (fast for Kimi K2).
+
+    Active = everything except routed experts, plus top_k/num_experts of them (see ``active_params``)."""
+    first, last = non_layer_params(spec)
+    total = active = total_params(first + last)
+    per_kind: dict[bool, tuple[int, int]] = {}
+    for i in range(spec.num_layers):
+        moe = is_moe_layer(spec, i)
+        if moe not in per_kind:
+            ps = layer_params(spec, i)
+            per_kind[moe] = (total_params(ps), active_params(spec, ps))
+        total += per_kind[moe][0]
+        active += per_kind[moe][1]
+    return total, active
 
 
 def total_params(params: Iterable[ParamInfo]) -> int:
