@@ -20,6 +20,7 @@ Virtual stage k lives on PP rank k mod pp (Megatron's interleaved order).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,12 +95,38 @@ def pipeline_stage_layers(num_layers: int, pp: int, vp: int = 1) -> tuple[tuple[
     return (per,) * (stages - 1) + (last,), True
 
 
+_LAYOUT_SYMBOLS = "EtmL|"
+
+
+def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
+    """Decoder layers per virtual stage of a Megatron ``pipeline_model_parallel_layout`` string.
+
+    Symbols: ``E`` embedding, ``t`` decoder layer, ``m`` MTP layer, ``L`` loss, ``|`` between stages;
+    ``(...)*n`` and ``X*n`` repeat. Example: ``"Et|(tt|)*30L"`` -> (1, 2, ..., 2, 0): 32 stages, the last loss-only.
+    """
+    text = layout.replace(" ", "").replace(",", "")
+    group = re.compile(r"\(([^()]*)\)\*(\d+)")
+    while True:
+        expanded = group.sub(lambda m: m.group(1) * int(m.group(2)), text)
+        if expanded == text:
+            break
+        text = expanded
+    text = re.sub(r"([EtmL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    bad = sorted(set(text) - set(_LAYOUT_SYMBOLS))
+    if bad or not text:
+        raise LayoutError(
+            f"pipeline layout must use only {tuple(_LAYOUT_SYMBOLS)} with (...)*n / X*n repeats; got {layout!r}"
+        )
+    return tuple(stage.count("t") for stage in text.split("|"))
+
+
 def validate_layout(recipe: TrainingRecipe, world_size: int | None = None,
-                    stage_layers: Sequence[int] | None = None) -> Layout:
+                    stage_layers: Sequence[int] | str | None = None) -> Layout:
     """Check ``recipe``'s layout on ``world_size`` GPUs (default: the recipe's) and return the derived sizes.
 
-    ``stage_layers`` overrides the decoder layers per virtual stage (an explicit pipeline layout, pp·vp entries).
-    Raises ``LayoutError`` (a ValueError) naming the violated constraint.
+    ``stage_layers`` is an explicit pipeline layout: decoder layers per virtual stage (pp·vp entries, a stage may be
+    empty, e.g. loss-only) or a Megatron layout string (``parse_pipeline_layout``). Raises ``LayoutError`` (a
+    ValueError) naming the violated constraint.
     """
     world = recipe.world_size if world_size is None else world_size
     check_positive_int("world_size", world)
@@ -139,11 +166,12 @@ def validate_layout(recipe: TrainingRecipe, world_size: int | None = None,
     if stage_layers is None:
         stages, uneven = pipeline_stage_layers(spec.num_layers, pp, vp)
     else:
-        stages = tuple(int(n) for n in stage_layers)
-        if len(stages) != pp * vp or sum(stages) != spec.num_layers or min(stages) < 1:
+        stages = parse_pipeline_layout(stage_layers) if isinstance(stage_layers, str) else \
+            tuple(int(n) for n in stage_layers)
+        if len(stages) != pp * vp or sum(stages) != spec.num_layers or min(stages) < 0:
             raise LayoutError(
-                f"stage_layers must list pp*vp = {pp * vp} positive layer counts summing to num_layers "
-                f"({spec.num_layers}); got {list(stage_layers)}"
+                f"pipeline layout must give pp*vp = {pp}*{vp} = {pp * vp} virtual stages whose decoder layers sum "
+                f"to num_layers ({spec.num_layers}); got {list(stages)} from {stage_layers!r}"
             )
         uneven = len(set(stages)) > 1
     per_step = tr.micro_batch_size * dp

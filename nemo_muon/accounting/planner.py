@@ -21,10 +21,11 @@ Torch-free. What it models (docs/flops.md has the rules and the arithmetic):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_muon.accounting.gpu_peaks import gpu_peak, known_gpus
+from nemo_muon.accounting.gpu_peaks import gpu_peak, known_gpus, peak_precision_of, throughput
 from nemo_muon.accounting.layout import Layout, validate_layout
 from nemo_muon.accounting.model_flops import model_flops_per_token
 from nemo_muon.accounting.ns_flops import matrix_ns_flops, ns_flops_per_tp_rank, tp_partition_dim
@@ -170,12 +171,15 @@ def _optimizer_bytes(rank: _Rank, dense_numel: int, expert_numel: int, layout: L
 
 
 def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: str | None = None,
-                syrk: bool = False) -> dict[str, Any]:
+                syrk: bool = False, step_time_s: float | None = None,
+                stage_layers: Sequence[int] | str | None = None) -> dict[str, Any]:
     """The plan of ``recipe`` on ``world_size`` GPUs (default: the recipe's) as a JSON-ready dict.
 
-    Raises ``LayoutError`` (ValueError) naming the constraint when the layout is invalid.
+    ``step_time_s`` (a measured step time) adds TFLOP/s/GPU and MFU, model-only and model + NS. ``stage_layers``
+    is an explicit pipeline layout (see ``validate_layout``). Raises ``LayoutError`` (ValueError) naming the
+    constraint when the layout is invalid.
     """
-    layout = validate_layout(recipe, world_size)
+    layout = validate_layout(recipe, world_size, stage_layers)
     spec, opt, tr = recipe.model, recipe.optimizer, recipe.trainer
     gpu = recipe.system.gpu if gpu is None else gpu
     is_muon = isinstance(opt, MuonConfig)
@@ -187,15 +191,21 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     ranks: list[_Rank] = []
     stage_imbalance = []
     opt_bytes: dict[str, float] = {"adamw": 0.0, "muon": 0.0, "soap": 0.0}
+    opt_name = "muon" if is_muon else ("soap" if isinstance(opt, SoapConfig) else "adamw")
+    recipe_opt_bytes = 0.0
     gather_max = gather_total = 0.0
     for p in range(layout.pp):
         dense, experts = _stage_items(spec, layout, p, tpl)
-        stage = _stage_ranks(layout, dense, experts, recipe.layerwise)
+        layerwise = _stage_ranks(layout, dense, experts, True)
+        stage = layerwise if recipe.layerwise else _stage_ranks(layout, dense, experts, False)
         dense_numel = sum(it.numel for it in dense)
         expert_numel = sum(it.numel for it in experts)
-        for rk in stage:
-            for k, v in _optimizer_bytes(rk, dense_numel, expert_numel, layout).items():
+        for rk, lw in zip(stage, layerwise, strict=True):
+            # the comparison across optimizers uses layer-wise ownership for Muon/SOAP, Megatron's DistOpt for AdamW
+            for k, v in _optimizer_bytes(lw, dense_numel, expert_numel, layout).items():
                 opt_bytes[k] = max(opt_bytes[k], v)
+            own = _optimizer_bytes(rk, dense_numel, expert_numel, layout)[opt_name]
+            recipe_opt_bytes = max(recipe_opt_bytes, own)
             if isinstance(opt, AdamWConfig) or not recipe.layerwise:
                 dpcp = layout.dp * layout.cp
                 recv = dense_numel * (1 - 1 / dpcp) + expert_numel * (1 - 1 / layout.edp) if \
@@ -215,9 +225,8 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     flops = model_flops_per_token(spec, tr.seq_length, tp=layout.tp)
     tokens = tr.global_batch_size * tr.seq_length
     peak_bf16 = gpu_peak(gpu).bf16 * 1e12 if gpu in known_gpus() else None
-    opt_name = "muon" if is_muon else ("soap" if isinstance(opt, SoapConfig) else "adamw")
     all_params = param_counts(spec)
-    return {
+    out = {
         "recipe": recipe.name,
         "model": spec.name,
         "world_size": layout.world_size,
@@ -242,7 +251,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
         "ns_imbalance_within_stage_max": max(stage_imbalance) if is_muon else 1.0,
         "ns_to_model_flops": useful / (flops.total * tokens),
         "ns_time_per_step_s_at_peak": rank_max / peak_bf16 if peak_bf16 else None,
-        "optimizer_state_bytes_per_rank": opt_bytes[opt_name],
+        "optimizer_state_bytes_per_rank": recipe_opt_bytes,
         "optimizer_state_bytes_per_rank_by_optimizer": opt_bytes,
         "param_gather_bytes_per_step": gather_max,
         "param_gather_bytes_per_step_all_ranks": gather_total,
@@ -251,6 +260,25 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
         "counting_rule": COUNTING_RULE.format(
             steps=steps, method="SYRK" if syrk else "GEMM", tp_mode=tp_mode,
             gate_up="split" if split["split_gate_up"] else "fused", qkv="split" if split["split_qkv"] else "fused"),
+    }
+    if step_time_s is not None:
+        out.update(_measured(out, step_time_s, gpu, recipe.precision.kind))
+    return out
+
+
+def _measured(plan: dict[str, Any], step_time_s: float, gpu: str, precision: str) -> dict[str, Any]:
+    peak_prec = peak_precision_of(precision)
+    known = gpu in known_gpus() and peak_prec is not None
+    t = throughput(plan["model_flops_per_step"], plan["ns_flops_per_step"], step_time_s, plan["world_size"],
+                   gpu if known else None, peak_prec or "bf16")
+    return {
+        "step_time_s": step_time_s,
+        "model_tflops_per_gpu": t.model_tflops,
+        "ns_tflops_per_gpu": t.ns_tflops,
+        "model_plus_ns_tflops_per_gpu": t.total_tflops,
+        "mfu_model": t.mfu_model,
+        "mfu_model_plus_ns": t.mfu_total,
+        "mfu_peak": f"{gpu} dense {peak_prec}" if known else None,
     }
 
 

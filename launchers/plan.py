@@ -1,0 +1,103 @@
+"""`nemo-muon plan`: what a recipe will cost before it launches (layout, FLOPs, NS work per rank, memory, gathers).
+
+Torch-free: runs on a laptop or a login node. The counting rules are in docs/flops.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+def _fmt_flops(x: float) -> str:
+    return f"{x:.3e}"
+
+
+def _count(x: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= size:
+            return f"{x / size:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def _bytes(x: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= size:
+            return f"{x / size:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def _human(plan: dict[str, Any]) -> str:
+    par = plan["parallelism"]
+    lines = [
+        f"recipe {plan['recipe']} ({plan['model']}, {plan['optimizer']}"
+        f"{', layer-wise' if plan['layerwise'] else ''}) on {plan['world_size']} x {plan['gpu']}",
+        "layout      " + " ".join(f"{k.upper()}{v}" for k, v in par.items())
+        + f"  layers/PP rank {plan['layers_per_pp_rank']}{' (uneven)' if plan['uneven_pipeline'] else ''}"
+        + f"  micro-batches {plan['num_microbatches']}",
+        f"params      total {_count(plan['model_params'])}, active {_count(plan['model_active_params'])}, "
+        f"per rank (max) {_count(plan['params_per_rank_max'])}",
+        f"model FLOPs {_fmt_flops(plan['model_flops_per_step'])} per step "
+        f"({_fmt_flops(plan['model_flops_per_token'])} per token x {plan['tokens_per_step']} tokens)",
+        f"NS FLOPs    {_fmt_flops(plan['ns_flops_per_step'])} per step ({plan['ns_to_model_flops']:.2%} of model), "
+        f"executed {_fmt_flops(plan['ns_flops_executed_per_step'])} (TP mode {plan['tp_mode']}, "
+        f"{'SYRK' if plan['syrk'] else 'GEMM'})",
+        f"NS per rank max {_fmt_flops(plan['ns_flops_per_rank_max'])}, mean {_fmt_flops(plan['ns_flops_per_rank_mean'])}"
+        f", imbalance {plan['ns_imbalance']:.3f} (within a stage {plan['ns_imbalance_within_stage_max']:.3f})",
+    ]
+    t = plan["ns_time_per_step_s_at_peak"]
+    if plan["optimizer"] != "muon":
+        lines[-2:] = [f"NS          none ({plan['optimizer']} runs no Newton–Schulz)"]
+    elif t is None:
+        lines.append(f"NS time     n/a (no peak for gpu {plan['gpu']!r})")
+    else:
+        lines.append(f"NS time     {t * 1e3:.1f} ms per step at the {plan['gpu']} dense bf16 peak (slowest rank)")
+    by = plan["optimizer_state_bytes_per_rank_by_optimizer"]
+    lines.append(
+        f"opt. state  {_bytes(plan['optimizer_state_bytes_per_rank'])} per rank (max; layer-wise "
+        + ", ".join(f"{k} {_bytes(v)}" for k, v in by.items()) + "; fp32 master + moments)"
+    )
+    lines.append(f"param gather {_bytes(plan['param_gather_bytes_per_step'])} received per rank per step "
+                 f"(max; all ranks {_bytes(plan['param_gather_bytes_per_step_all_ranks'])})")
+    if "step_time_s" in plan:
+        mfu = "" if plan["mfu_model"] is None else \
+            f", MFU {plan['mfu_model']:.1%} / {plan['mfu_model_plus_ns']:.1%} of {plan['mfu_peak']}"
+        lines.append(f"measured    {plan['step_time_s']} s/step: {plan['model_tflops_per_gpu']:.0f} model + "
+                     f"{plan['ns_tflops_per_gpu']:.0f} NS = {plan['model_plus_ns_tflops_per_gpu']:.0f} TFLOP/s/GPU{mfu}")
+    lines.append(f"counting    {plan['counting_rule']}")
+    return "\n".join(lines)
+
+
+@click.command("plan")
+@click.option("--recipe", "recipe_name", required=True, help="Recipe name (see `nemo-muon launch --list`).")
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="World size to plan for (default: the recipe's); layout and batch stay the recipe's.")
+@click.option("--gpu", default=None, help="GPU whose peak prices NS time and MFU (default: the recipe's).")
+@click.option("--gpu-peaks", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="YAML file adding GPUs to the peak table: {name: {bf16: TFLOP/s, fp8: TFLOP/s, source: text}}.")
+@click.option("--syrk", is_flag=True, help="Count NS with SYRK for X·Xᵀ and A·A (15m²n + 5m³ for 5 steps).")
+@click.option("--pipeline-layout", default=None,
+              help="Explicit Megatron pipeline layout string, e.g. 'Et|(tt|)*30L' (default: derived from PP·VP).")
+@click.option("--step-time", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="A measured step time in seconds: adds TFLOP/s/GPU and MFU, model-only and model + NS.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | None, syrk: bool,
+         pipeline_layout: str | None, step_time: float | None, as_json: bool) -> None:
+    """Validate a recipe's layout and print what Muon will cost on each rank, before launching it."""
+    from nemo_muon.recipes import get_recipe
+
+    from nemo_muon.accounting.gpu_peaks import known_gpus, load_gpu_peaks
+    from nemo_muon.accounting.planner import plan_recipe
+
+    try:
+        if gpu_peaks:
+            load_gpu_peaks(gpu_peaks)
+        if gpu is not None and gpu.lower() not in known_gpus():
+            raise ValueError(f"--gpu must be one of {tuple(known_gpus())} (or add it with --gpu-peaks); got {gpu!r}")
+        recipe = get_recipe(recipe_name)
+        result = plan_recipe(recipe, gpus, gpu=gpu.lower() if gpu else None, syrk=syrk, step_time_s=step_time,
+                             stage_layers=pipeline_layout)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    click.echo(json.dumps(result, sort_keys=False) if as_json else _human(result))
