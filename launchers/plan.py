@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+
 def _fmt_flops(x: float) -> str:
     return f"{x:.3e}"
 
