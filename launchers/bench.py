@@ -1,0 +1,89 @@
+"""``nemo-muon bench``: a Muon recipe and its baseline back to back on the same executor and layout, then a report."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import click
+from nemo_muon.launchers.job import LaunchError, build_plan
+from nemo_muon.launchers.launch import execute, launch_options, options_from_cli, usage_error
+
+_OPT = re.compile(r"(muon|soap)")
+
+
+def baseline_name(recipe: str, compare: str) -> str:
+    """'kimi_k2_muon_bf16' + 'adamw' -> 'kimi_k2_adamw_bf16' (the optimizer token swapped)."""
+    if not _OPT.search(recipe):
+        raise LaunchError(f"--recipe must name a Muon or SOAP recipe (its name contains 'muon' or 'soap'); got {recipe!r}")
+    return _OPT.sub(compare, recipe, count=1)
+
+
+@click.command("bench")
+@launch_options
+@click.option("--compare", default="adamw", show_default=True, help="Optimizer of the baseline recipe.")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Training steps of both runs [default: the recipe's].")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Report folder [default: <logging root>/bench-<recipe>].")
+@click.option("--dry-run", is_flag=True, help="Print both launches exactly; submit nothing.")
+@click.option("--wait/--no-wait", default=True, help="Wait for both runs and write the report [default: wait].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench(recipe: str, executor: str | None, cluster: str | None, profiles: str | None, nodes: int | None,
+          gpus_per_node: int | None, account: str | None, partition: str | None, time_: str | None,
+          image: str | None, container: bool | None, mount: tuple[str, ...], env: tuple[str, ...],
+          overrides: tuple[str, ...], compare: str, steps: int | None, out: Path | None, dry_run: bool, wait: bool,
+          as_json: bool) -> None:
+    """Run RECIPE and its --compare baseline with the same layout and overrides, then report Muon vs baseline."""
+    extra = (*overrides, f"trainer.max_steps={steps}") if steps is not None else overrides
+    plans = []
+    try:
+        for name in (recipe, baseline_name(recipe, compare)):
+            opts = options_from_cli(name, executor, cluster, profiles, nodes, gpus_per_node, account, partition,
+                                    time_, image, container, mount, env, extra)
+            plans.append(build_plan(opts))
+    except LaunchError as e:
+        raise usage_error(e) from None
+    first, second = plans
+    out = out or first.run_dir.parent / f"bench-{recipe}"
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps({"dry_run": True, "runs": [p.as_json() for p in plans], "report": str(out)}, indent=2))
+        else:
+            click.echo(first.describe() + "\n# then (after it, on the same layout):\n" + second.describe(), nl=False)
+        return
+    results = []
+    try:
+        r1 = execute(first, wait=wait, progress=not as_json)
+        results.append(r1)
+        if second.script is not None and r1.job_id is not None and not wait:
+            opts = options_from_cli(second.recipe_name, executor, cluster, profiles, nodes, gpus_per_node, account,
+                                    partition, time_, image, container, mount, env, extra)
+            opts.dependency = f"afterany:{r1.job_id}"
+            second = build_plan(opts)
+        results.append(execute(second, wait=wait, progress=not as_json))
+    except LaunchError as e:
+        raise usage_error(e, first.secrets) from None
+    except (RuntimeError, TimeoutError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    summary = {"runs": [{"recipe": p.recipe_name, "run_dir": str(p.run_dir), "job_id": r.job_id, "state": r.state,
+                         "exit_code": r.exit_code} for p, r in zip(plans, results, strict=True)]}
+    if wait and all(r.ok for r in results):
+        from nemo_muon.reporting import analyze, load_run, text_table, write_report_for
+
+        runs = [load_run(p.run_dir) for p in plans]
+        md = write_report_for(runs, out)
+        summaries, pairs = analyze(runs)
+        summary["report"] = str(md)
+        if not as_json:
+            click.echo(text_table(summaries, pairs), nl=False)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    elif "report" in summary:
+        click.echo(f"report: {summary['report']}")
+    else:
+        click.echo("runs: " + ", ".join(f"{r['recipe']} -> {r['run_dir']} ({r['job_id'] or r['exit_code']})"
+                                        for r in summary["runs"]))
+        click.echo(f"when done: nemo-muon report {plans[0].run_dir} {plans[1].run_dir} --out {out}")
+    if not all(r.ok or (r.state is None and r.exit_code is None) for r in results):
+        raise SystemExit(1)

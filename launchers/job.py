@@ -1,0 +1,267 @@
+"""Turn launch options (command line + cluster profile + recipe) into a checked LaunchPlan: exactly what will run.
+
+Nothing here submits or runs anything; ``launch.py`` executes a plan. Every problem with the input raises
+``LaunchError`` (a ValueError) naming the option, the value and what is allowed, before anything is written.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_muon.launchers.docker import docker_argv
+from nemo_muon.launchers.profiles import EXECUTORS, ClusterProfile, get_profile
+from nemo_muon.launchers.secrets import MASK, is_secret_name, split_secrets
+from nemo_muon.launchers.slurm import SlurmJob, render_sbatch, sbatch_argv
+
+ENTRY_MODULE = "nemo_muon.launchers.run_recipe"
+DOCKER_MASTER_PORT = 29500
+MULTI_NODE_DOCKER_VARS: tuple[str, ...] = ("PET_NODE_RANK", "PET_MASTER_ADDR")
+"""Set on each node for a multi-node docker run (torchrun reads --node-rank / --master-addr from them)."""
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MOUNT_PART = re.compile(r"^/[^,:\s]*$")
+_MOUNT_FLAGS = ("ro", "rw")
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class LaunchError(ValueError):
+    """Bad launch input (the CLI reports it as a usage error, exit code 2)."""
+
+
+@dataclass(kw_only=True)
+class LaunchOptions:
+    """What the user asked for; None = take it from the cluster profile, else from the recipe."""
+
+    recipe: str
+    executor: str | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    account: str | None = None
+    partition: str | None = None
+    time: str | None = None
+    image: str | None = None
+    container: bool | None = None
+    mounts: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)
+    """``NAME=value`` sets a variable; a bare ``NAME`` forwards it from the current environment."""
+    overrides: list[str] = field(default_factory=list)
+    cluster: str | None = None
+    profiles: str | None = None
+    dependency: str | None = None
+
+
+@dataclass(kw_only=True)
+class LaunchPlan:
+    """A checked, fully rendered launch (run it with nemo_muon.launchers.launch.execute)."""
+
+    executor: str
+    recipe_name: str
+    recipe: Any
+    overrides: list[str]
+    run_dir: Path
+    env: dict[str, str]
+    """Variables set for the job and shown in full."""
+    secrets: dict[str, str]
+    """Secret variables: passed through the child environment, shown as ****."""
+    argv: list[str]
+    """The command that is executed here (torchrun / docker run / sbatch)."""
+    script: str | None = None
+    script_path: Path | None = None
+
+    def process_env(self) -> dict[str, str]:
+        """The environment of the process we start: ours + the job's variables (secrets included)."""
+        return {**os.environ, **self.env, **self.secrets}
+
+    def command_text(self) -> str:
+        """The command as a shell line, secrets masked; local runs show every variable they set."""
+        shown = dict(self.env) if self.executor == "local" else {}
+        shown.update({k: MASK for k in self.secrets})
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+        return (prefix + " " if prefix else "") + shlex.join(self.argv)
+
+    def describe(self) -> str:
+        """Human-readable, exact description of what would be submitted or run (secrets masked)."""
+        if self.script is not None:
+            return (f"# sbatch script ({self.script_path}):\n{self.script}\n# submit:\n{self.command_text()}\n")
+        nodes = self.recipe.system.num_nodes
+        if self.executor == "docker" and nodes > 1:
+            return (f"# run on each of the {nodes} nodes, with PET_NODE_RANK=0..{nodes - 1} and PET_MASTER_ADDR=<node 0>:"
+                    f"\n{self.command_text()}\n")
+        return f"# run:\n{self.command_text()}\n"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"executor": self.executor, "recipe": self.recipe_name, "overrides": self.overrides,
+                "run_dir": str(self.run_dir), "env": self.env, "secrets": {k: MASK for k in self.secrets},
+                "command": self.command_text(), "script": self.script,
+                "script_path": str(self.script_path) if self.script_path else None}
+
+
+def parse_mount(text: str) -> str:
+    """Check ``SRC:DST[:ro|rw]`` with absolute paths and no commas/whitespace; returns it unchanged."""
+    parts = text.split(":")
+    ok = 2 <= len(parts) <= 3 and all(_MOUNT_PART.match(p) for p in parts[:2])
+    if ok and len(parts) == 3:
+        ok = parts[2] in _MOUNT_FLAGS
+    if not ok:
+        raise LaunchError(f"--mount must be SRC:DST or SRC:DST:ro|rw with absolute paths (no ',' or spaces); "
+                          f"got {text!r}")
+    return text
+
+
+def parse_env(items: list[str], environ: dict[str, str]) -> dict[str, str]:
+    """``NAME=value`` pairs, and bare ``NAME`` forwarded from ``environ`` (must be set there)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not _ENV_NAME.match(name):
+            raise LaunchError(f"--env must be NAME=value or NAME with NAME matching [A-Za-z_][A-Za-z0-9_]*; got {item!r}")
+        if not sep:
+            if name not in environ:
+                raise LaunchError(f"--env {name} forwards a variable from your environment, but {name} is not set")
+            value = environ[name]
+        out[name] = value
+    return out
+
+
+def _pick(option: Any, profile: ClusterProfile | None, key: str, default: Any = None) -> Any:
+    if option is not None:
+        return option
+    if profile is not None and getattr(profile, key) is not None:
+        return getattr(profile, key)
+    return default
+
+
+def _resolve_recipe(opts: LaunchOptions, profile: ClusterProfile | None) -> tuple[Any, list[str]]:
+    from nemo_muon.recipes import get_recipe, list_recipes
+    from nemo_muon.recipes.overrides import apply_overrides, split_override
+
+    names = list_recipes()
+    if opts.recipe not in names:
+        raise LaunchError(f"--recipe must be one of {tuple(names)}; got {opts.recipe!r}")
+    base = get_recipe(opts.recipe)
+    overrides = list(opts.overrides)
+    for arg in overrides:
+        key, _ = split_override(arg)
+        if key.startswith("env.") and is_secret_name(key[4:]):
+            raise LaunchError(f"override {key} looks like a secret; pass it with --env {key[4:]} (forwarded from "
+                              "your environment, never written to the job script)")
+    gpus_per_node = _pick(opts.gpus_per_node, profile, "gpus_per_node")
+    if opts.nodes is not None and opts.nodes != base.system.num_nodes:
+        overrides.append(f"system.num_nodes={opts.nodes}")
+    if gpus_per_node is not None and gpus_per_node != base.system.gpus_per_node:
+        overrides.append(f"system.gpus_per_node={gpus_per_node}")
+    try:
+        recipe = apply_overrides(base, overrides)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    if profile is not None and profile.system is not None and recipe.system.gpu != profile.system:
+        raise LaunchError(f"--recipe {opts.recipe} runs on system.gpu={recipe.system.gpu!r}, but cluster "
+                          f"{profile.name!r} has system {profile.system!r}; pick a recipe for {profile.system}")
+    _check_layout(opts.recipe, recipe)
+    root = Path(recipe.logging.root).expanduser().absolute()
+    if str(root) != recipe.logging.root:
+        overrides.append(f"logging.root={root}")
+        recipe = apply_overrides(recipe, [f"logging.root={root}"])
+    return recipe, overrides
+
+
+def _check_layout(name: str, recipe: Any) -> None:
+    from nemo_muon.accounting.layout import validate_layout
+
+    try:
+        from nemo_muon.recipes.systems import GPUS_PER_NODE
+    except ImportError:  # pragma: no cover - the recipes package always has it
+        GPUS_PER_NODE = {}
+    sys_ = recipe.system
+    limit = GPUS_PER_NODE.get(sys_.gpu)
+    if limit is not None and sys_.gpus_per_node > limit:
+        raise LaunchError(f"--gpus-per-node must be <= {limit} on {sys_.gpu} nodes; got {sys_.gpus_per_node}")
+    try:
+        validate_layout(recipe)
+    except ValueError as e:
+        raise LaunchError(
+            f"--nodes x --gpus-per-node = {sys_.num_nodes} x {sys_.gpus_per_node} = {sys_.world_size} GPUs does not "
+            f"fit recipe {name}'s layout (tp={recipe.parallelism.tp} pp={recipe.parallelism.pp} "
+            f"cp={recipe.parallelism.cp} ep={recipe.parallelism.ep}): {e}"
+        ) from None
+
+
+def _next_script_path(run_dir: Path, job_name: str) -> Path:
+    n = 1
+    while (run_dir / f"{job_name}-{n}.sbatch").exists():
+        n += 1
+    return run_dir / f"{job_name}-{n}.sbatch"
+
+
+def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> LaunchPlan:
+    """Check everything and render the exact command/script; raises LaunchError on bad input."""
+    environ = dict(os.environ) if environ is None else environ
+    try:
+        profile = get_profile(opts.cluster, opts.profiles) if opts.cluster else None
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    executor = _pick(opts.executor, profile, "executor", "local")
+    if executor not in EXECUTORS:
+        raise LaunchError(f"--executor must be one of {EXECUTORS}; got {executor!r}")
+    mounts = [parse_mount(m) for m in [*(profile.mounts if profile else []), *opts.mounts]]
+    recipe, overrides = _resolve_recipe(opts, profile)
+    run_name = recipe.logging.run_name or recipe.name
+    if not _RUN_NAME.match(run_name):
+        raise LaunchError(f"logging.run_name must match [A-Za-z0-9][A-Za-z0-9_.-]* to name a run folder; got {run_name!r}")
+    root = Path(recipe.logging.root)
+    run_dir = root / run_name
+    env_all = {**recipe.env, **(profile.env if profile else {}), **parse_env(opts.env, environ)}
+    plain, secrets = split_secrets(env_all)
+    plain["NEMO_MUON_LAUNCH_ENV"] = ",".join([*plain, *secrets])
+    nodes, gpn = recipe.system.num_nodes, recipe.system.gpus_per_node
+    job_args = ["-m", ENTRY_MODULE, "--recipe", opts.recipe, *overrides]
+    image = _pick(opts.image, profile, "image")
+    common = dict(executor=executor, recipe_name=opts.recipe, recipe=recipe, overrides=overrides, run_dir=run_dir,
+                  env=plain, secrets=secrets)
+    if executor == "local" and nodes != 1:
+        raise LaunchError(f"--nodes must be 1 with --executor local (this machine); got {nodes}")
+    if executor == "local":
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpn), *job_args]
+        return LaunchPlan(**common, argv=argv)
+    if executor == "docker":
+        if not image:
+            raise LaunchError("--image must name the container image for --executor docker (or set image in the "
+                              "cluster profile); got none")
+        mounts = [*mounts, f"{root}:{root}"]
+        forwarded = list(secrets)
+        if nodes == 1:
+            rdzv = ["--standalone"]
+        else:  # one such command per node; torchrun reads the node's rank and the master from PET_* variables
+            rdzv = ["--nnodes", str(nodes), "--master-port", str(DOCKER_MASTER_PORT)]
+            forwarded += list(MULTI_NODE_DOCKER_VARS)
+        try:
+            argv = docker_argv(image=image, mounts=mounts, env=plain, forwarded_env=forwarded, workdir=str(root),
+                               gpus=recipe.system.gpu != "cpu", host_network=nodes > 1,
+                               command=["torchrun", *rdzv, "--nproc-per-node", str(gpn), *job_args])
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
+        return LaunchPlan(**common, argv=argv)
+    container = _pick(opts.container, profile, "container", True)
+    if container:
+        mounts = [*mounts, f"{root}:{root}"]
+    job_name = f"nemo-muon-{opts.recipe}"
+    try:
+        job = SlurmJob(job_name=job_name, nodes=nodes, gpus_per_node=gpn, gpu=recipe.system.gpu,
+                       command=job_args, python="python" if container else sys.executable,
+                       launcher="torchrun" if recipe.backend == "torch" else "tasks", output_dir=run_dir,
+                       workdir=root, account=_pick(opts.account, profile, "account"),
+                       partition=_pick(opts.partition, profile, "partition"),
+                       time=_pick(opts.time, profile, "time", "01:00:00"), container=container, image=image,
+                       mounts=mounts, env=plain, forwarded_env=list(secrets), dependency=opts.dependency)
+    except ValueError as e:
+        raise LaunchError(str(e).replace("slurm image must be set", "--image must be set (or --no-container)")) from None
+    script_path = _next_script_path(run_dir, job_name)
+    header = f"Generated by nemo-muon launch --recipe {opts.recipe} --executor slurm"
+    return LaunchPlan(**common, argv=sbatch_argv(script_path), script=render_sbatch(job, header=header),
+                      script_path=script_path)

@@ -1,0 +1,148 @@
+"""``nemo-muon launch``: run a recipe here (torchrun), in docker, or on Slurm; ``--dry-run`` prints exactly that."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from nemo_muon.launchers.job import LaunchError, LaunchOptions, LaunchPlan, build_plan
+from nemo_muon.launchers.secrets import mask_text
+
+
+@dataclass(kw_only=True)
+class LaunchResult:
+    """What happened: the Slurm job id (if any), its final state when waited for, the exit code."""
+
+    job_id: str | None = None
+    state: str | None = None
+    exit_code: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 if self.state is None else self.state == "COMPLETED"
+
+
+def _progress(job_id: str) -> Any:
+    def show(state: str, elapsed: float) -> None:
+        click.echo(f"\rslurm job {job_id}: {state:<10} {elapsed:6.1f} s", nl=False, err=True)
+    return show
+
+
+def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = None, progress: bool = True) -> LaunchResult:
+    """Run or submit the plan. Local/docker runs block; Slurm waits (polling squeue at 0.5 s) only if ``wait``.
+
+    Ctrl-C while waiting on a Slurm job cancels it (scancel) before returning.
+    """
+    from nemo_muon.launchers import slurm
+
+    if plan.script is None:
+        if plan.executor == "docker" and plan.recipe.system.num_nodes > 1:
+            missing = [v for v in ("PET_NODE_RANK", "PET_MASTER_ADDR") if v not in plan.process_env()]
+            if missing:
+                raise LaunchError(f"a {plan.recipe.system.num_nodes}-node docker run needs {missing} set on each "
+                                  "node (PET_NODE_RANK=0..N-1, PET_MASTER_ADDR=<node 0>); got them unset")
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
+        code = subprocess.run(plan.argv, env=plan.process_env(), check=False).returncode
+        return LaunchResult(exit_code=code)
+    assert plan.script_path is not None
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    plan.script_path.write_text(plan.script, encoding="utf-8")
+    job_id = slurm.submit(plan.script_path, plan.process_env())
+    result = LaunchResult(job_id=job_id)
+    if not wait:
+        return result
+    try:
+        state, code = slurm.wait(job_id, timeout_s=timeout_s, on_poll=_progress(job_id) if progress else None)
+    except KeyboardInterrupt:
+        slurm.cancel(job_id)
+        click.echo(f"\ncancelled slurm job {job_id}", err=True)
+        return LaunchResult(job_id=job_id, state="CANCELLED", exit_code=130)
+    if progress:
+        click.echo(f"\rslurm job {job_id}: {state:<10}", err=True)
+    result.state = state
+    result.exit_code = int(code.split(":")[0]) if code[:1].isdigit() else None
+    return result
+
+
+def options_from_cli(recipe: str, executor: str | None, cluster: str | None, profiles: str | None, nodes: int | None,
+                     gpus_per_node: int | None, account: str | None, partition: str | None, time: str | None,
+                     image: str | None, container: bool | None, mount: tuple[str, ...], env: tuple[str, ...],
+                     overrides: tuple[str, ...]) -> LaunchOptions:
+    """LaunchOptions from the shared click options."""
+    return LaunchOptions(recipe=recipe, executor=executor, cluster=cluster, profiles=profiles, nodes=nodes,
+                         gpus_per_node=gpus_per_node, account=account, partition=partition, time=time, image=image,
+                         container=container, mounts=list(mount), env=list(env), overrides=list(overrides))
+
+
+def launch_options(fn: Any) -> Any:
+    """The options launch and bench share (defaults: from the cluster profile, else from the recipe)."""
+    decorators = [
+        click.option("--recipe", required=True, help="Recipe name (nemo-muon recipes lists them)."),
+        click.option("--executor", type=click.Choice(["local", "slurm", "docker"]), default=None,
+                     help="Where to run [default: the cluster profile's, else local]."),
+        click.option("--cluster", default=None, help="Cluster profile name from the profiles file."),
+        click.option("--profiles", default=None, metavar="FILE",
+                     help="Cluster profiles YAML [default: $NEMO_MUON_PROFILES or ~/.config/nemo-muon/clusters.yaml]."),
+        click.option("--nodes", type=click.IntRange(min=1), default=None, help="Nodes [default: the recipe's]."),
+        click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+                     help="GPUs (CPU processes on gpu=cpu recipes) per node [default: profile, else the recipe's]."),
+        click.option("--account", default=None, help="Slurm account [default: the profile's]."),
+        click.option("--partition", default=None, help="Slurm partition [default: the profile's]."),
+        click.option("--time", "time_", default=None, help="Slurm time limit [default: the profile's, else 01:00:00]."),
+        click.option("--image", default=None, help="Container image [default: the profile's]."),
+        click.option("--container/--no-container", default=None,
+                     help="Slurm: run in the image with pyxis, or bare on the nodes [default: container]."),
+        click.option("--mount", multiple=True, metavar="SRC:DST[:ro]", help="Bind mount (repeatable)."),
+        click.option("--env", multiple=True, metavar="NAME[=VALUE]",
+                     help="Job variable (repeatable); a bare NAME forwards it from your environment."),
+        click.argument("overrides", nargs=-1),
+    ]
+    for deco in reversed(decorators):
+        fn = deco(fn)
+    return fn
+
+
+def usage_error(e: Exception, secrets: dict[str, str] | None = None) -> click.UsageError:
+    """A usage error (exit 2) with secret values masked."""
+    return click.UsageError(mask_text(str(e), (secrets or {}).values()))
+
+
+@click.command("launch")
+@launch_options
+@click.option("--dry-run", is_flag=True, help="Print exactly what would be submitted or run; submit nothing.")
+@click.option("--wait/--no-wait", default=False, help="Slurm: wait for the job to finish [default: no-wait].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def launch(recipe: str, executor: str | None, cluster: str | None, profiles: str | None, nodes: int | None,
+           gpus_per_node: int | None, account: str | None, partition: str | None, time_: str | None,
+           image: str | None, container: bool | None, mount: tuple[str, ...], env: tuple[str, ...],
+           overrides: tuple[str, ...], dry_run: bool, wait: bool, as_json: bool) -> None:
+    """Launch a recipe locally (torchrun), in docker, or on Slurm; overrides are key=value (trainer.max_steps=10)."""
+    opts = options_from_cli(recipe, executor, cluster, profiles, nodes, gpus_per_node, account, partition, time_,
+                            image, container, mount, env, overrides)
+    try:
+        plan = build_plan(opts)
+    except LaunchError as e:
+        raise usage_error(e) from None
+    if dry_run:
+        click.echo(json.dumps({**plan.as_json(), "dry_run": True}, indent=2) if as_json else plan.describe(), nl=False)
+        return
+    if not as_json:
+        click.echo(plan.describe(), err=True, nl=False)
+    try:
+        result = execute(plan, wait=wait, progress=not as_json)
+    except LaunchError as e:
+        raise usage_error(e, plan.secrets) from None
+    except (RuntimeError, TimeoutError, OSError) as e:
+        raise click.ClickException(mask_text(str(e), plan.secrets.values())) from None
+    if as_json:
+        click.echo(json.dumps({**plan.as_json(), "dry_run": False, "job_id": result.job_id, "state": result.state,
+                               "exit_code": result.exit_code}, indent=2))
+    elif result.job_id is not None:
+        click.echo(f"submitted slurm job {result.job_id}" + (f": {result.state}" if result.state else "")
+                   + f"; logs: {plan.run_dir}/slurm-{result.job_id}.out")
+    if not result.ok and (result.state is not None or result.exit_code not in (None, 0)):
+        sys.exit(result.exit_code or 1)

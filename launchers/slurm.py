@@ -1,0 +1,221 @@
+"""Slurm: render an sbatch script the way Megatron-Bridge's perf scripts do, submit it, wait for it, cancel it.
+
+Script conventions (Bridge ``scripts/performance/utils/executors.py::slurm_executor``, research/B §5):
+``#SBATCH --exclusive --mem=0``; ``--segment`` on 4-GPU GB200/GB300 nodes so an allocation stays inside one
+NVL72 rack (the node count if <= 18, else its largest divisor <= 18); pyxis container flags on ``srun``
+(``--container-image``, ``--container-mounts``, ``--no-container-mount-home``, ``--container-writable``); the
+recipe's environment exported before ``srun``; one task per GPU (Megatron backend) or one ``torchrun`` per node
+(torch backend). ``container=False`` renders the same job for clusters without pyxis.
+
+Every user-supplied value is either validated against a safe pattern (``#SBATCH`` lines) or shell-quoted
+(``export`` values, ``srun`` arguments); secret values are never written: they reach the job through
+``sbatch --export=ALL`` from the submitting process's environment.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NVL72_MAX_NODES = 18
+"""Nodes of 4 GPUs in one NVL72 rack (72 GPUs)."""
+RACK_SYSTEMS: tuple[str, ...] = ("gb200", "gb300")
+RDZV_PORT = 29500
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:@+\-/]+$")
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9_.:@+\-/%]*$")
+_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def segment_size(num_nodes: int) -> int:
+    """``--segment`` for 4-GPU rack nodes: all nodes if <= 18, else the largest divisor of num_nodes <= 18."""
+    if num_nodes <= NVL72_MAX_NODES:
+        return num_nodes
+    return max(d for d in range(1, NVL72_MAX_NODES + 1) if num_nodes % d == 0)
+
+
+@dataclass(kw_only=True)
+class SlurmJob:
+    """Everything an sbatch script needs; validated at construction."""
+
+    job_name: str
+    nodes: int
+    gpus_per_node: int
+    """GPUs per node; on gpu='cpu' the number of training processes per node."""
+    gpu: str
+    command: list[str]
+    """argv of the training program (after torchrun's arguments, or per srun task)."""
+    python: str = "python"
+    """Interpreter on the compute nodes (the image's python, or the submitting venv's with container=False)."""
+    launcher: str = "torchrun"
+    """'torchrun' (one torchrun per node) or 'tasks' (one srun task per GPU, as Bridge's perf scripts)."""
+    output_dir: Path
+    workdir: Path
+    account: str | None = None
+    partition: str | None = None
+    time: str = "01:00:00"
+    container: bool = True
+    image: str | None = None
+    mounts: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    """Written into the script as ``export NAME='value'`` (never secrets)."""
+    forwarded_env: list[str] = field(default_factory=list)
+    """Names passed from the submitting environment (secrets); only their names appear in the script."""
+    exclusive: bool = True
+    dependency: str | None = None
+    """e.g. 'afterany:123' to run after another job (bench runs its baseline back to back)."""
+
+    def __post_init__(self) -> None:
+        for name in ("job_name", "account", "partition"):
+            value = getattr(self, name)
+            if value is not None and not _SAFE_VALUE.match(value):
+                raise ValueError(f"slurm {name} must match [A-Za-z0-9_.:@+-/]+; got {value!r}")
+        if not _TIME.match(self.time):
+            raise ValueError(f"slurm time must be [D-]HH:MM:SS (or MM, MM:SS, D-HH...); got {self.time!r}")
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ValueError(f"slurm nodes and gpus_per_node must be >= 1; got {self.nodes} x {self.gpus_per_node}")
+        if self.launcher not in ("torchrun", "tasks"):
+            raise ValueError(f"slurm launcher must be one of ('torchrun', 'tasks'); got {self.launcher!r}")
+        for name in ("output_dir", "workdir"):
+            if not _SAFE_PATH.match(str(getattr(self, name))):
+                raise ValueError(f"slurm {name} must be an absolute path of [A-Za-z0-9_.:@+-/]; got "
+                                 f"{str(getattr(self, name))!r}")
+        if self.container and not self.image:
+            raise ValueError("slurm image must be set when running in a container (pyxis); got None")
+        if self.dependency is not None and not re.match(r"^[a-z]+:\d+(:\d+)*$", self.dependency):
+            raise ValueError(f"slurm dependency must look like 'afterany:123'; got {self.dependency!r}")
+        for name in [*self.env, *self.forwarded_env]:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"environment variable name must match [A-Za-z_][A-Za-z0-9_]*; got {name!r}")
+
+    @property
+    def segment(self) -> int | None:
+        """The --segment value, or None where it does not apply."""
+        if self.gpu in RACK_SYSTEMS and self.gpus_per_node == 4:
+            return segment_size(self.nodes)
+        return None
+
+
+def _srun_args(job: SlurmJob) -> list[str]:
+    args = ["srun"]
+    if job.launcher == "torchrun":
+        args += ["--ntasks-per-node=1"]
+    if job.gpu != "cpu":
+        args += ["--mpi=pmix"]
+    if job.container:
+        args += [f"--container-image={job.image}"]
+        if job.mounts:
+            args += ["--container-mounts=" + ",".join(job.mounts)]
+        args += ["--no-container-mount-home", "--container-writable", f"--container-workdir={job.workdir}"]
+    return args
+
+
+def _program(job: SlurmJob) -> str:
+    """The shell text that starts the training program on each node/task (user values quoted)."""
+    quoted = " ".join(shlex.quote(a) for a in job.command)
+    if job.launcher == "tasks":
+        return f"{shlex.quote(job.python)} {quoted}"
+    if job.nodes == 1:
+        rdzv = "--standalone"
+    else:
+        rdzv = (f'--nnodes "$SLURM_NNODES" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:{RDZV_PORT}" '
+                '--rdzv-id "$SLURM_JOB_ID"')
+    return f"{shlex.quote(job.python)} -m torch.distributed.run {rdzv} --nproc-per-node {job.gpus_per_node} {quoted}"
+
+
+def render_sbatch(job: SlurmJob, *, header: str = "") -> str:
+    """The complete sbatch script for ``job`` (exactly what ``submit`` writes and submits)."""
+    tasks = job.gpus_per_node if job.launcher == "tasks" else 1
+    lines = ["#!/bin/bash"]
+    lines += [f"# {h}" for h in header.splitlines()]
+    lines += [f"#SBATCH --job-name={job.job_name}"]
+    if job.account:
+        lines.append(f"#SBATCH --account={job.account}")
+    if job.partition:
+        lines.append(f"#SBATCH --partition={job.partition}")
+    lines += [f"#SBATCH --nodes={job.nodes}", f"#SBATCH --ntasks-per-node={tasks}"]
+    if job.gpu == "cpu":
+        if job.launcher == "torchrun":
+            lines.append(f"#SBATCH --cpus-per-task={job.gpus_per_node}")
+    else:
+        lines.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
+    lines.append(f"#SBATCH --time={job.time}")
+    if job.exclusive:
+        lines += ["#SBATCH --exclusive", "#SBATCH --mem=0"]
+    if job.segment is not None:
+        lines.append(f"#SBATCH --segment={job.segment}")
+    if job.dependency:
+        lines.append(f"#SBATCH --dependency={job.dependency}")
+    lines += [f"#SBATCH --output={job.output_dir}/slurm-%j.out", f"#SBATCH --chdir={job.workdir}", "",
+              "set -euo pipefail", ""]
+    if job.env:
+        lines.append("# environment of the recipe and the command line")
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in job.env.items()]
+    if job.forwarded_env:
+        lines.append("# passed from the submitting environment (sbatch --export=ALL); values are not written here: "
+                     + " ".join(job.forwarded_env))
+    lines += ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+              f"export MASTER_PORT={RDZV_PORT}", ""]
+    lines.append(" ".join(shlex.quote(a) for a in _srun_args(job)) + " " + _program(job))
+    return "\n".join(lines) + "\n"
+
+
+def sbatch_argv(script_path: Path) -> list[str]:
+    """The submission command: the environment goes with the job (secrets included, never printed)."""
+    return ["sbatch", "--parsable", "--export=ALL", str(script_path)]
+
+
+def submit(script_path: Path, env: Mapping[str, str]) -> str:
+    """Submit the written script with ``env`` as sbatch's environment; returns the job id."""
+    out = subprocess.run(sbatch_argv(script_path), env=dict(env), capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"sbatch failed (exit {out.returncode}): {out.stderr.strip()}")
+    return out.stdout.strip().split(";")[0]
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """(JobState, ExitCode) from scontrol, e.g. ('COMPLETED', '0:0'); ('UNKNOWN', '') once Slurm forgot it."""
+    out = subprocess.run(["scontrol", "show", "job", str(job_id)], capture_output=True, text=True, check=False)
+    state = re.search(r"JobState=(\S+)", out.stdout)
+    code = re.search(r"ExitCode=(\S+)", out.stdout)
+    return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "")
+
+
+def is_queued(job_id: str) -> bool:
+    """True while squeue lists the job (pending, running or completing)."""
+    out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
+                         check=False)
+    return bool(out.stdout.strip())
+
+
+def wait(job_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5,
+         on_poll: Callable[[str, float], None] | None = None) -> tuple[str, str]:
+    """Poll squeue every poll_s until the job leaves the queue; returns job_state(); TimeoutError on timeout."""
+    start = time.monotonic()
+    while is_queued(job_id):
+        elapsed = time.monotonic() - start
+        if timeout_s is not None and elapsed > timeout_s:
+            raise TimeoutError(f"slurm job {job_id} still queued after {timeout_s:.0f} s")
+        if on_poll is not None:
+            on_poll(job_state(job_id)[0], elapsed)
+        time.sleep(poll_s)
+    return job_state(job_id)
+
+
+def cancel(job_id: str) -> None:
+    """scancel the job (raises with scancel's message on failure)."""
+    if not re.match(r"^\d+(_\d+)?$", str(job_id)):
+        raise ValueError(f"slurm job id must be digits (e.g. 1234); got {job_id!r}")
+    out = subprocess.run(["scancel", str(job_id)], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"scancel {job_id} failed (exit {out.returncode}): {out.stderr.strip()}")
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    """A shell-safe rendering of an argv."""
+    return shlex.join(argv)
