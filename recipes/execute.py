@@ -1,0 +1,80 @@
+"""Build a recipe from its name and overrides, describe it, and run its backend (torch-free until it trains).
+
+Shared by the NeMo-Run entrypoint (`nemo llm pretrain`), executor tasks (`run_recipe` is what every rank of a
+NeMo-Run launch calls) and the operator CLI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+from nemo_muon.recipes import get_recipe
+from nemo_muon.recipes.overrides import apply_overrides
+from nemo_muon.recipes.systems import check_layout
+
+from nemo_muon.config.recipe import TrainingRecipe
+
+
+def build_recipe(name: str, overrides: Sequence[str] = ()) -> TrainingRecipe:
+    """The registered recipe ``name`` with ``overrides`` (``a.b=value`` strings) applied, validated, layout checked."""
+    recipe = apply_overrides(get_recipe(name), list(overrides))
+    check_layout(recipe)
+    return recipe
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {"kind": value.name} if hasattr(value, "name") and "name" not in _init_names(value) else {}
+        return {**out, **{n: _plain(getattr(value, n)) for n in _init_names(value)}}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _init_names(obj: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(obj) if f.init]
+
+
+def layout_summary(recipe: TrainingRecipe) -> str:
+    """One line: system, parallel sizes (DP derived) and batch split, e.g. for the `--dryrun` header."""
+    from nemo_muon.accounting.layout import validate_layout
+
+    lay = validate_layout(recipe)
+    sys_ = recipe.system
+    return (
+        f"{recipe.name}: {recipe.world_size} x {sys_.gpu} ({sys_.num_nodes} nodes x {sys_.gpus_per_node}), "
+        f"TP{lay.tp} PP{lay.pp} VP{lay.vp} CP{lay.cp} EP{lay.ep} ETP{lay.etp} DP{lay.dp}, "
+        f"GBS {recipe.trainer.global_batch_size} MBS {recipe.trainer.micro_batch_size} "
+        f"seq {recipe.trainer.seq_length} ({lay.num_microbatches} micro-batches), "
+        f"{recipe.optimizer.name} {recipe.precision.kind}, backend {recipe.backend}"
+    )
+
+
+def describe(recipe: TrainingRecipe) -> str:
+    """The fully resolved recipe as YAML, headed by its layout summary."""
+    body = yaml.safe_dump(_plain(recipe), sort_keys=False, default_flow_style=False)
+    return f"# {layout_summary(recipe)}\n{body}"
+
+
+def pretrain_recipe(recipe: TrainingRecipe, **kwargs: Any) -> Any:
+    """Train ``recipe`` in this process with its backend: torch (`nemo_muon.train.pretrain`) or megatron
+    (`nemo_muon.megatron.bridge.pretrain`, inside the NeMo container)."""
+    recipe.validate()
+    check_layout(recipe)
+    if recipe.backend == "torch":
+        from nemo_muon.train.pretrain import pretrain
+
+        return pretrain(recipe, **kwargs)
+    from nemo_muon.megatron.bridge import pretrain as bridge_pretrain
+
+    return bridge_pretrain(recipe, **kwargs)
+
+
+def run_recipe(recipe: str, overrides: Sequence[str] = ()) -> Any:
+    """What each rank of a NeMo-Run launch calls: build ``recipe`` with ``overrides`` and train it."""
+    return pretrain_recipe(build_recipe(recipe, overrides))
