@@ -189,7 +189,9 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
         {"split_gate_up": True, "split_qkv": True}
     tpl = _Templates(spec, layout, {"tp_mode": tp_mode, "steps": steps, "syrk": syrk}, split)
     ranks: list[_Rank] = []
-    stage_imbalance = []
+    stage_imbalance: list[float] = []
+    stage_max: list[float] = []
+    stage_min: list[float] = []
     opt_bytes: dict[str, float] = {"adamw": 0.0, "muon": 0.0, "soap": 0.0}
     opt_name = "muon" if is_muon else ("soap" if isinstance(opt, SoapConfig) else "adamw")
     recipe_opt_bytes = 0.0
@@ -206,17 +208,19 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
                 opt_bytes[k] = max(opt_bytes[k], v)
             own = _optimizer_bytes(rk, dense_numel, expert_numel, layout)[opt_name]
             recipe_opt_bytes = max(recipe_opt_bytes, own)
-            if isinstance(opt, AdamWConfig) or not recipe.layerwise:
-                dpcp = layout.dp * layout.cp
-                recv = dense_numel * (1 - 1 / dpcp) + expert_numel * (1 - 1 / layout.edp) if \
-                    isinstance(opt, AdamWConfig) else 0.0
-            else:
+            if isinstance(opt, AdamWConfig):  # Megatron's distributed optimizer: gather all but the own shard
+                recv = dense_numel * (1 - 1 / (layout.dp * layout.cp)) + expert_numel * (1 - 1 / layout.edp)
+            elif recipe.layerwise:  # everything but the owned matrices and the own AdamW shard
                 recv = rk.numel - rk.owned_hidden - rk.adam_share
+            else:  # every replica updates all of its parameters itself
+                recv = 0.0
             gather_max = max(gather_max, 2.0 * recv)
             gather_total += 2.0 * recv
-        loads = [rk.ns for rk in stage]
+        loads = [rk.ns if is_muon else 0.0 for rk in stage]
         mean = sum(loads) / len(loads)
         stage_imbalance.append(max(loads) / mean if mean > 0 else 1.0)
+        stage_max.append(max(loads))
+        stage_min.append(min(loads))
         ranks += stage
     useful = _useful_ns_flops(spec, split, steps, syrk) if is_muon else 0.0
     loads = [rk.ns for rk in ranks] if is_muon else [0.0] * len(ranks)
@@ -248,7 +252,9 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
         "ns_flops_per_rank_max": rank_max,
         "ns_flops_per_rank_mean": rank_mean,
         "ns_imbalance": rank_max / rank_mean if rank_mean > 0 else 1.0,
-        "ns_imbalance_within_stage_max": max(stage_imbalance) if is_muon else 1.0,
+        "ns_imbalance_within_stage_max": max(stage_imbalance),
+        "ns_flops_per_pp_rank_max": stage_max,
+        "ns_flops_per_pp_rank_min": stage_min,
         "ns_to_model_flops": useful / (flops.total * tokens),
         "ns_time_per_step_s_at_peak": rank_max / peak_bf16 if peak_bf16 else None,
         "optimizer_state_bytes_per_rank": recipe_opt_bytes,

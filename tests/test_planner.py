@@ -1,0 +1,145 @@
+"""The planner on recipes built here: FLOPs, per-rank NS work, imbalance, optimizer state, gathers, MFU."""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_muon.accounting.gpu_peaks import (
+    GpuPeak,
+    gpu_peak,
+    known_gpus,
+    load_gpu_peaks,
+    mfu,
+    register_gpu_peak,
+    tflops_per_gpu,
+    throughput,
+)
+from nemo_muon.accounting.ns_flops import matrix_ns_flops, ns_flops
+from nemo_muon.accounting.planner import plan_recipe
+from nemo_muon.config.optimizer import AdamWConfig, MuonConfig
+from nemo_muon.config.recipe import ParallelismConfig, SystemConfig, TrainerConfig, TrainingRecipe
+from nemo_muon.models.matrices import matrix_params, param_counts
+from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B, TINY_QWEN3_MOE
+
+
+def kimi(**opt: object) -> TrainingRecipe:
+    return TrainingRecipe(name="kimi", model=KIMI_K2, optimizer=MuonConfig(**opt),
+                          parallelism=ParallelismConfig(tp=1, pp=4, vp=4, cp=1, ep=64),
+                          system=SystemConfig(gpu="gb300", num_nodes=64, gpus_per_node=4),
+                          trainer=TrainerConfig(global_batch_size=4096, micro_batch_size=2, seq_length=4096))
+
+
+def tiny(optimizer=None, layerwise=True, **par: object) -> TrainingRecipe:
+    return TrainingRecipe(name="tiny", model=TINY_QWEN3_MOE, optimizer=optimizer or MuonConfig(),
+                          parallelism=ParallelismConfig(**par), layerwise=layerwise,
+                          system=SystemConfig(gpu="cpu", gpus_per_node=4),
+                          trainer=TrainerConfig(global_batch_size=8, micro_batch_size=1, seq_length=64))
+
+
+def test_kimi_k2_plan_on_256_gb300():
+    p = plan_recipe(kimi())
+    assert p["world_size"] == 256 and p["parallelism"]["dp"] == 64 and p["layers_per_pp_rank"] == [16, 16, 16, 13]
+    assert p["model_flops_per_step"] == pytest.approx(3.4306e18, rel=1e-4)
+    assert p["ns_flops_per_step"] == pytest.approx(4.85e16, rel=0.005)
+    # TP1: nothing repeated, so the per-rank loads add up to the useful count
+    assert p["ns_flops_executed_per_step"] == pytest.approx(p["ns_flops_per_step"], rel=1e-12)
+    assert p["ns_flops_per_rank_mean"] * 256 == pytest.approx(p["ns_flops_per_step"], rel=1e-12)
+    # experts are pinned to their EP rank (edp = 1): the 13-layer stage carries 13 layers x 6 experts on every rank
+    expert = 2 * matrix_ns_flops((2048, 7168)) + matrix_ns_flops((7168, 2048))
+    assert p["ns_flops_per_pp_rank_min"][3] >= 13 * 6 * expert
+    assert p["ns_flops_per_pp_rank_max"][0] >= 15 * 6 * expert
+    # the 16/16/16/13 layout alone bounds the balance (DESIGN: >= ~1.065); LPT keeps each stage close to even
+    assert p["ns_imbalance"] >= 1.065
+    assert 1.0 <= p["ns_imbalance_within_stage_max"] <= p["ns_imbalance"]
+    assert p["ns_time_per_step_s_at_peak"] == pytest.approx(p["ns_flops_per_rank_max"] / 2500e12)
+    by = p["optimizer_state_bytes_per_rank_by_optimizer"]
+    assert by["muon"] < by["adamw"] < by["soap"] and p["optimizer_state_bytes_per_rank"] == by["muon"]
+    assert p["param_gather_bytes_per_step"] > 0
+
+
+def test_fused_gate_up_and_syrk_change_the_ns_count():
+    fused = plan_recipe(kimi(split_gate_up=False))
+    assert fused["ns_flops_per_step"] == pytest.approx(8.82e16, rel=0.005)
+    assert "gate/up fused" in fused["counting_rule"]
+    syrk = plan_recipe(kimi(), syrk=True)
+    assert syrk["ns_flops_per_step"] == pytest.approx(3.48e16, rel=0.01)
+
+
+def test_blog_arithmetic_from_a_step_time():
+    # 1,029 model TFLOP/s/GPU on 256 GPUs means a 13.02 s step for 3.4306e18 FLOPs.
+    p = plan_recipe(kimi(), step_time_s=13.02)
+    assert p["model_tflops_per_gpu"] == pytest.approx(1029.2, abs=0.5)
+    assert p["model_plus_ns_tflops_per_gpu"] == pytest.approx(p["model_tflops_per_gpu"] + 4.85e16 / 13.02 / 256e12,
+                                                              rel=1e-3)
+    assert p["mfu_model"] == pytest.approx(1029.2 / 5000, abs=1e-3)  # MXFP8 recipe -> dense fp8 peak
+    assert p["mfu_peak"] == "gb300 dense fp8"
+
+
+def test_duplicated_tp_repeats_work_and_blockwise_does_not():
+    dup = plan_recipe(tiny(tp=2, etp=2))
+    assert dup["ns_flops_executed_per_step"] == pytest.approx(2 * dup["ns_flops_per_step"])
+    assert dup["ns_flops_per_rank_mean"] * 4 == pytest.approx(dup["ns_flops_executed_per_step"])
+    # etp=1: the experts are regrouped as 4 expert-DP replicas and not repeated; the rest is repeated on 2 TP ranks
+    mixed = plan_recipe(tiny(tp=2, etp=1))
+    assert mixed["ns_flops_executed_per_step"] == pytest.approx(
+        ns_flops(matrix_params(TINY_QWEN3_MOE), tp=2, etp=1).executed)
+    assert dup["ns_flops_per_step"] < mixed["ns_flops_executed_per_step"] < dup["ns_flops_executed_per_step"]
+    block = plan_recipe(tiny(optimizer=MuonConfig(tp_mode="blockwise"), tp=2, etp=2))
+    assert block["ns_flops_per_step"] == dup["ns_flops_per_step"]
+    assert block["ns_flops_executed_per_step"] < dup["ns_flops_executed_per_step"]
+
+
+def test_layerwise_spreads_ns_and_replicated_repeats_it():
+    lw = plan_recipe(tiny())
+    rep = plan_recipe(tiny(layerwise=False))
+    assert rep["ns_flops_per_rank_max"] == rep["ns_flops_per_rank_mean"] == pytest.approx(lw["ns_flops_per_step"])
+    assert lw["ns_flops_per_rank_mean"] == pytest.approx(lw["ns_flops_per_step"] / 4)
+    assert lw["ns_flops_per_rank_max"] < rep["ns_flops_per_rank_max"] / 2
+    assert rep["param_gather_bytes_per_step"] == 0 and lw["param_gather_bytes_per_step"] > 0
+    assert rep["optimizer_state_bytes_per_rank"] > lw["optimizer_state_bytes_per_rank"]
+
+
+def test_adamw_state_and_gather_follow_the_distributed_optimizer():
+    p = plan_recipe(tiny(optimizer=AdamWConfig(), layerwise=False))
+    total, _ = param_counts(TINY_QWEN3_MOE)
+    assert p["ns_flops_per_step"] == p["ns_flops_per_rank_max"] == 0 and p["optimizer"] == "adamw"
+    assert p["optimizer_state_bytes_per_rank"] == pytest.approx(12 * total / 4)  # fp32 master + m + v over DP4
+    assert p["param_gather_bytes_per_step"] == pytest.approx(2 * total * 3 / 4)  # bf16, all but the own quarter
+    assert p["params_per_rank_max"] == total
+
+
+def test_qwen_plan_and_world_size_override():
+    r = TrainingRecipe(name="qwen", model=QWEN3_30B_A3B, parallelism=ParallelismConfig(ep=8),
+                       system=SystemConfig(gpu="gb300", num_nodes=2, gpus_per_node=4),
+                       trainer=TrainerConfig(global_batch_size=512, micro_batch_size=8, seq_length=4096))
+    p = plan_recipe(r)
+    assert p["model_flops_per_step"] == pytest.approx(4.8248e16, rel=1e-4)
+    assert p["ns_flops_per_step"] == pytest.approx(5.71e14, rel=0.005)
+    assert p["ns_imbalance"] >= 1.0 and p["model_params"] == param_counts(QWEN3_30B_A3B)[0]
+    p16 = plan_recipe(r, 16)
+    assert p16["parallelism"]["edp"] == 2 and p16["ns_flops_per_rank_max"] < p["ns_flops_per_rank_max"]
+    with pytest.raises(ValueError, match="global_batch_size must be divisible by micro_batch_size"):
+        plan_recipe(r, 128)
+
+
+def test_gpu_peak_table_functions(tmp_path):
+    assert {"h100", "h200", "b200", "gb200", "gb300"} <= set(known_gpus())
+    assert gpu_peak("GB300").tflops("fp8") == 2 * gpu_peak("gb300").tflops("bf16")
+    assert tflops_per_gpu(1e15, 2.0, 5) == 100.0
+    assert mfu(989.5e12 * 8, 1.0, 8, "h100") == pytest.approx(1.0)
+    t = throughput(3e18, 1e17, 10.0, 300, "b200", "bf16")
+    assert t.total_tflops == pytest.approx(1000 + 100 / 3) and t.mfu_model == pytest.approx(1000 / 2250)
+    register_gpu_peak(GpuPeak("test_gpu_a", 100.0, 200.0, "test"), replace=True)
+    assert gpu_peak("test_gpu_a").fp8 == 200.0
+    with pytest.raises(ValueError, match="gpu must be a name not already in the peak table"):
+        register_gpu_peak(GpuPeak("test_gpu_a", 1.0, 2.0))
+    f = tmp_path / "peaks.yaml"
+    f.write_text("test_gpu_b: {bf16: 50, fp8: 100, source: lab sheet}\n")
+    assert load_gpu_peaks(f) == ["test_gpu_b"] and gpu_peak("test_gpu_b").bf16 == 50
+    f.write_text("test_gpu_c: {bf16: 50}\n")
+    with pytest.raises(ValueError, match="entry 'test_gpu_c' must be a mapping with keys bf16, fp8"):
+        load_gpu_peaks(f)
+    with pytest.raises(ValueError, match="gpu must be one of"):
+        gpu_peak("tpu")
+    with pytest.raises(ValueError, match=r"gpu_peak\[x\].bf16 must be a number in \(0.0, inf\]"):
+        GpuPeak("x", 0.0, 1.0)
