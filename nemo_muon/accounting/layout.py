@@ -125,12 +125,15 @@ def validate_layout(recipe: TrainingRecipe, world_size: int | None = None,
     """Check ``recipe``'s layout on ``world_size`` GPUs (default: the recipe's) and return the derived sizes.
 
     ``stage_layers`` is an explicit pipeline layout: decoder layers per virtual stage (pp·vp entries, a stage may be
-    empty, e.g. loss-only) or a Megatron layout string (``parse_pipeline_layout``). Raises ``LayoutError`` (a
-    ValueError) naming the violated constraint.
+    empty, e.g. loss-only) or a Megatron layout string (``parse_pipeline_layout``); by default the recipe's
+    ``parallelism.pipeline_layout`` when that field exists and is set, else the rule in the module doc. Raises
+    ``LayoutError`` (a ValueError) naming the violated constraint.
     """
     world = recipe.world_size if world_size is None else world_size
     check_positive_int("world_size", world)
     par, spec, tr = recipe.parallelism, recipe.model, recipe.trainer
+    if stage_layers is None:
+        stage_layers = getattr(par, "pipeline_layout", None)
     tp, pp, vp, cp, ep, etp = par.tp, par.pp, par.vp, par.cp, par.ep, par.etp
     mp = tp * pp * cp
     if world % mp:
