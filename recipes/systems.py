@@ -109,11 +109,13 @@ def bridge_optimizer(optimizer: str) -> OptimizerConfig:
     """The optimizer section of a perf recipe: Bridge's settings, with our fixes (momentum 0.95, TP mode
     duplicated, weight decay as set)."""
     check_choice("optimizer", optimizer, OPTIMIZERS)
+    # Megatron-Core orthogonalizes the fused gate/up (linear_fc1) as one matrix and has no skip-step for bf16: the
+    # megatron backend's mapping refuses split_gate_up=True and nonfinite='skip', so these recipes say so.
     if optimizer == "muon":
-        return MuonConfig(ns_precision=BRIDGE_MUON_NS_PRECISION)
+        return MuonConfig(ns_precision=BRIDGE_MUON_NS_PRECISION, split_gate_up=False, nonfinite="raise")
     if optimizer == "adamw":
         return AdamWConfig(eps=BRIDGE_ADAM_EPS)
-    return SoapConfig()
+    return SoapConfig(nonfinite="raise")
 
 
 def check_layout(recipe: TrainingRecipe) -> None:

@@ -1,0 +1,210 @@
+"""Our `MuonConfig` / `SoapConfig` / `AdamWConfig` -> `megatron.core.optimizer.OptimizerConfig`.
+
+Two Megatron-Core API generations are supported, told apart by the fields of the installed `OptimizerConfig`:
+
+* ``"0.16"`` (NGC 26.02 / 26.02.01): Muon through `megatron.core.optimizer.muon.get_megatron_muon_optimizer(...,
+  layer_wise_distributed_optimizer=...)`, which Megatron-Bridge selects by the name ``"dist_muon"`` (layer-wise) or
+  ``"muon"``; field ``muon_use_nesterov`` (default False!); no coefficient-set field; no SOAP.
+* ``"0.18+"``: ``optimizer="muon"|"soap"`` + ``use_layer_wise_distributed_optimizer`` through
+  `get_megatron_optimizer`; fields ``muon_nesterov``, ``muon_coefficient_type``, ``soap_*``.
+
+The known traps are fixed here, never silently: momentum (0.95) and Nesterov are always written explicitly (the
+CLI default is 0.9, the 0.16 field default for Nesterov is False); the TP mode is always explicit (Megatron's default
+is blockwise, which makes updates depend on the TP size; ours is duplicated); weight decay is passed as set; a
+setting the installed version cannot honour raises a ValueError naming the field (SOAP's
+``precondition_frequency`` other than 1 where SOAP refreshes every step, split gate/up, a separate AdamW lr, ...).
+The mapping itself (`megatron_optimizer_spec`) is pure and takes the field names, so it is tested against the real
+`OptimizerConfig` of each version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_muon._validation import check_choice
+from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
+
+API_016 = "0.16"
+API_018 = "0.18+"
+NS_PRECISION_TO_MCORE: dict[str, str] = {"fp32": "highest", "bf16": "medium"}
+"""`muon_fp32_matmul_prec` (torch.set_float32_matmul_precision inside NS): highest = fp32, medium = bf16."""
+MCORE_TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise")
+MCORE_SCALE_MODES: tuple[str, ...] = ("spectral", "shape_scaling", "unit_rms_norm")
+MATCH_RMS_ADAMW_FACTOR = 0.2
+"""match_rms_adamw = spectral sqrt(max(m, n)) x 0.2: mapped to spectral with extra_scale_factor x 0.2 (exact)."""
+SOAP_FIXED_EPS = 1e-8
+"""Megatron-Core passes no eps to emerging_optimizers.soap.SOAP, so its default (1e-8) is the only honoured value."""
+LEGACY_COEFFICIENTS = "quintic"
+"""0.16's TensorParallelMuon always uses the quintic coefficient schedule (no config field)."""
+
+
+@dataclass(frozen=True)
+class MegatronOptimizerSpec:
+    """How to build the optimizer with the installed Megatron-Core."""
+
+    api: str
+    """'0.16' or '0.18+'."""
+    kwargs: dict[str, Any]
+    """Keyword arguments of megatron.core.optimizer.OptimizerConfig."""
+    builder: str
+    """'get_megatron_optimizer' or 'get_megatron_muon_optimizer' (0.16 Muon)."""
+    layer_wise: bool
+    """Whole matrices per DP rank (LayerWiseDistributedOptimizer)."""
+    bridge_optimizer: str
+    """The name Megatron-Bridge's setup_optimizer dispatches on ('dist_muon', 'muon', 'soap', 'adam')."""
+
+
+def api_for_fields(fields: Collection[str]) -> str:
+    """The API generation of an OptimizerConfig with these field names."""
+    if "use_layer_wise_distributed_optimizer" in fields:
+        return API_018
+    if "muon_momentum" in fields:
+        return API_016
+    raise ValueError("megatron-core must be >= 0.16 (OptimizerConfig has no muon_* fields); got an older version")
+
+
+def _refuse(field: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"{field}={value!r} cannot be honoured by Megatron-Core: {why}")
+
+
+def _common(opt: OptimizerConfig, *, grad_clip: float, min_lr: float | None, bf16: bool) -> dict[str, Any]:
+    if getattr(opt, "nonfinite", "raise") != "raise":  # AdamWConfig has no policy field
+        raise _refuse(f"{opt.name}.nonfinite", opt.nonfinite,
+                      "it has no skip-step for bf16 without a loss scaler; set nonfinite='raise' (Megatron's "
+                      "check_for_nan_in_grad)")
+    kw: dict[str, Any] = {"lr": opt.lr, "weight_decay": opt.weight_decay, "clip_grad": grad_clip, "bf16": bf16}
+    if min_lr is not None:
+        kw["min_lr"] = min_lr
+    return kw
+
+
+def _muon(opt: MuonConfig, api: str, fields: Collection[str]) -> dict[str, Any]:
+    if opt.split_gate_up:
+        raise _refuse("muon.split_gate_up", True, "it orthogonalizes linear_fc1 (gate and up fused) as one matrix; "
+                      "set optimizer.split_gate_up=false for the megatron backend")
+    if opt.adamw_lr is not None:
+        raise _refuse("muon.adamw_lr", opt.adamw_lr, "its Adam part uses the Muon lr; set optimizer.adamw_lr=none")
+    check_choice("muon.tp_mode (Megatron-Core)", opt.tp_mode, MCORE_TP_MODES)
+    scale_mode, extra = opt.scale_mode, opt.extra_scale_factor
+    if scale_mode == "match_rms_adamw":
+        scale_mode, extra = "spectral", extra * MATCH_RMS_ADAMW_FACTOR
+    check_choice("muon.scale_mode (Megatron-Core)", scale_mode, MCORE_SCALE_MODES)
+    kw: dict[str, Any] = {
+        "muon_momentum": opt.momentum,
+        "muon_num_ns_steps": opt.ns_steps,
+        "muon_scale_mode": scale_mode,
+        "muon_extra_scale_factor": extra,
+        "muon_fp32_matmul_prec": NS_PRECISION_TO_MCORE[opt.ns_precision],
+        "muon_tp_mode": opt.tp_mode,
+        "muon_split_qkv": opt.split_qkv,
+        "adam_beta1": opt.adamw_betas[0],
+        "adam_beta2": opt.adamw_betas[1],
+        "adam_eps": opt.adamw_eps,
+    }
+    if api == API_018:
+        kw["muon_nesterov"] = opt.nesterov
+        kw["muon_coefficient_type"] = opt.coefficients
+        kw["muon_scalar_optimizer"] = "adam"
+    else:
+        kw["muon_use_nesterov"] = opt.nesterov
+        if opt.coefficients != LEGACY_COEFFICIENTS:
+            raise _refuse("muon.coefficients", opt.coefficients,
+                          f"megatron-core 0.16 always uses {LEGACY_COEFFICIENTS!r} (no coefficient field)")
+    if "decoupled_weight_decay" in fields:
+        kw["decoupled_weight_decay"] = True
+    return kw
+
+
+def _soap(opt: SoapConfig, api: str, *, soap_has_precondition_frequency: bool) -> dict[str, Any]:
+    if api != API_018:
+        raise _refuse("optimizer", "soap", "megatron-core 0.16 has Muon only; SOAP needs megatron-core >= 0.18")
+    if opt.precondition_frequency != 1 and not soap_has_precondition_frequency:
+        raise _refuse("soap.precondition_frequency", opt.precondition_frequency,
+                      "the installed emerging_optimizers SOAP refreshes its eigenbasis every step and ignores "
+                      "soap_precondition_frequency; use 1")
+    if opt.eps != SOAP_FIXED_EPS:
+        raise _refuse("soap.eps", opt.eps, f"it passes no eps to SOAP, whose default is {SOAP_FIXED_EPS}")
+    return {
+        "adam_beta1": opt.betas[0],
+        "adam_beta2": opt.betas[1],
+        "soap_shampoo_beta": opt.shampoo_beta,
+        "soap_precondition_frequency": opt.precondition_frequency,
+    }
+
+
+def megatron_optimizer_spec(
+    opt: OptimizerConfig,
+    *,
+    fields: Collection[str],
+    grad_clip: float = 1.0,
+    min_lr: float | None = None,
+    layerwise: bool = True,
+    bf16: bool = True,
+    soap_has_precondition_frequency: bool = False,
+) -> MegatronOptimizerSpec:
+    """Map ``opt`` onto an OptimizerConfig with the given field names (pure; raises on what cannot be honoured).
+
+    ``layerwise`` selects the layer-wise distributed optimizer for Muon/SOAP and Megatron's distributed
+    (ZeRO-1) optimizer for AdamW.
+    """
+    api = api_for_fields(fields)
+    kw = _common(opt, grad_clip=grad_clip, min_lr=min_lr, bf16=bf16)
+    if isinstance(opt, AdamWConfig):
+        kw.update(optimizer="adam", adam_beta1=opt.betas[0], adam_beta2=opt.betas[1], adam_eps=opt.eps,
+                  use_distributed_optimizer=layerwise)
+        if "decoupled_weight_decay" in fields:
+            kw["decoupled_weight_decay"] = True
+        return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", False, "adam")
+    if isinstance(opt, MuonConfig):
+        kw.update(_muon(opt, api, fields))
+        if api == API_016:
+            kw.update(optimizer="dist_muon" if layerwise else "muon", use_distributed_optimizer=False)
+            return MegatronOptimizerSpec(api, kw, "get_megatron_muon_optimizer", layerwise, kw["optimizer"])
+        kw.update(optimizer="muon", use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=layerwise)
+        return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", layerwise, "dist_muon" if layerwise else "muon")
+    if isinstance(opt, SoapConfig):
+        kw.update(_soap(opt, api, soap_has_precondition_frequency=soap_has_precondition_frequency))
+        kw.update(optimizer="soap", use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=layerwise)
+        return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", layerwise, "soap")
+    raise ValueError(f"optimizer must be a MuonConfig, SoapConfig or AdamWConfig; got {type(opt).__name__}")
+
+
+def soap_accepts_precondition_frequency() -> bool:
+    """Whether the installed emerging_optimizers SOAP takes a precondition_frequency (0.3.0 does not)."""
+    from emerging_optimizers.soap import SOAP
+
+    return "precondition_frequency" in inspect.signature(SOAP.__init__).parameters
+
+
+def to_megatron_optimizer_config(
+    opt: OptimizerConfig,
+    *,
+    grad_clip: float = 1.0,
+    min_lr: float | None = None,
+    layerwise: bool = True,
+    bf16: bool = True,
+) -> tuple[Any, MegatronOptimizerSpec]:
+    """A real `megatron.core.optimizer.OptimizerConfig` of the installed Megatron-Core, and how to build it."""
+    from megatron.core.optimizer import OptimizerConfig as MCoreOptimizerConfig
+
+    fields = {f.name for f in dataclasses.fields(MCoreOptimizerConfig)}
+    soap_pf = isinstance(opt, SoapConfig) and soap_accepts_precondition_frequency()
+    spec = megatron_optimizer_spec(opt, fields=fields, grad_clip=grad_clip, min_lr=min_lr, layerwise=layerwise,
+                                   bf16=bf16, soap_has_precondition_frequency=soap_pf)
+    return MCoreOptimizerConfig(**spec.kwargs), spec
+
+
+def recipe_optimizer_config(recipe: Any) -> tuple[Any, MegatronOptimizerSpec]:
+    """The OptimizerConfig of a `TrainingRecipe` (lr floor from its scheduler, clip from its trainer)."""
+    opt = recipe.optimizer
+    return to_megatron_optimizer_config(
+        opt,
+        grad_clip=recipe.trainer.grad_clip,
+        min_lr=opt.lr * recipe.scheduler.min_lr_ratio,
+        layerwise=recipe.layerwise,
+        bf16=recipe.precision.kind != "fp32",
+    )
