@@ -108,3 +108,15 @@ def test_tiny_recipe_on_cpu():
                        system=SystemConfig(gpu="cpu", gpus_per_node=4), trainer=TrainerConfig(global_batch_size=8))
     lay = validate_layout(r)
     assert (lay.dp, lay.edp, lay.num_microbatches) == (4, 2, 2)
+
+
+def test_recipe_pipeline_layout_field_is_used_when_present():
+    r = kimi_recipe(pp=16, vp=2, tp=8, ep=64)
+    r.system.num_nodes = 256  # 1024 GPUs: Bridge's H100 preset, whose layout ends in a loss-only stage
+    r.trainer.global_batch_size = 8192
+    with pytest.raises(LayoutError, match="etp\\*ep must divide"):
+        validate_layout(r, 512)
+    r.parallelism.pipeline_layout = "Et|(tt|)*30L"  # the field the recipes may carry (read with getattr)
+    lay = validate_layout(r)
+    assert lay.stage_layers[0] == 1 and lay.stage_layers[-1] == 0 and lay.pp_rank_layers(15) == [29, 30]
+    assert lay.pp_rank_layers(0) == [0, 31, 32] and lay.layers_per_pp_rank == (3,) + (4,) * 14 + (2,)
