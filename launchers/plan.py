@@ -56,8 +56,9 @@ def _human(plan: dict[str, Any]) -> str:
         lines.append(f"NS time     {t * 1e3:.1f} ms per step at the {plan['gpu']} dense bf16 peak (slowest rank)")
     by = plan["optimizer_state_bytes_per_rank_by_optimizer"]
     lines.append(
-        f"opt. state  {_bytes(plan['optimizer_state_bytes_per_rank'])} per rank (max; layer-wise "
-        + ", ".join(f"{k} {_bytes(v)}" for k, v in by.items()) + "; fp32 master + moments)"
+        f"opt. state  {_bytes(plan['optimizer_state_bytes_per_rank'])} per rank (max; compare: AdamW distributed "
+        f"{_bytes(by['adamw'])}, layer-wise Muon {_bytes(by['muon'])}, layer-wise SOAP {_bytes(by['soap'])}; "
+        "fp32 master + moments)"
     )
     lines.append(f"param gather {_bytes(plan['param_gather_bytes_per_step'])} received per rank per step "
                  f"(max; all ranks {_bytes(plan['param_gather_bytes_per_step_all_ranks'])})")
@@ -82,9 +83,11 @@ def _human(plan: dict[str, Any]) -> str:
               help="Explicit Megatron pipeline layout string, e.g. 'Et|(tt|)*30L' (default: derived from PP·VP).")
 @click.option("--step-time", type=click.FloatRange(min=0.0, min_open=True), default=None,
               help="A measured step time in seconds: adds TFLOP/s/GPU and MFU, model-only and model + NS.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a recipe field before planning, e.g. --set optimizer.split_gate_up=true (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | None, syrk: bool,
-         pipeline_layout: str | None, step_time: float | None, as_json: bool) -> None:
+         pipeline_layout: str | None, step_time: float | None, overrides: tuple[str, ...], as_json: bool) -> None:
     """Validate a recipe's layout and print what Muon will cost on each rank, before launching it."""
     from nemo_muon.recipes import get_recipe
 
@@ -97,6 +100,10 @@ def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | N
         if gpu is not None and gpu.lower() not in known_gpus():
             raise ValueError(f"--gpu must be one of {tuple(known_gpus())} (or add it with --gpu-peaks); got {gpu!r}")
         recipe = get_recipe(recipe_name)
+        if overrides:
+            from nemo_muon.recipes.overrides import apply_overrides
+
+            recipe = apply_overrides(recipe, list(overrides))
         result = plan_recipe(recipe, gpus, gpu=gpu.lower() if gpu else None, syrk=syrk, step_time_s=step_time,
                              stage_layers=pipeline_layout)
     except ValueError as e:

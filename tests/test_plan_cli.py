@@ -57,6 +57,18 @@ def test_invalid_input_exits_2_naming_the_constraint(args, message):
     assert message in res.output
 
 
+def test_overrides_change_the_plan_and_bad_keys_exit_2():
+    base = json.loads(invoke("--recipe", "qwen3_30b_a3b_muon", "--json").output)
+    split = invoke("--recipe", "qwen3_30b_a3b_muon", "--set", "optimizer.split_gate_up=true", "--json")
+    fused = invoke("--recipe", "qwen3_30b_a3b_muon", "--set", "optimizer.split_gate_up=false", "--json")
+    assert json.loads(split.output)["ns_flops_per_step"] == pytest.approx(5.71e14, rel=0.005)
+    assert json.loads(fused.output)["ns_flops_per_step"] == pytest.approx(1.04e15, rel=0.005)
+    assert base["ns_flops_per_step"] in (json.loads(split.output)["ns_flops_per_step"],
+                                         json.loads(fused.output)["ns_flops_per_step"])
+    bad = invoke("--recipe", "qwen3_30b_a3b_muon", "--set", "optimizer.split_gate=true")
+    assert bad.exit_code == 2 and "split_gate" in bad.output
+
+
 def test_extra_gpu_from_a_peak_file(tmp_path):
     f = tmp_path / "peaks.yaml"
     f.write_text("lab_gpu: {bf16: 1000, fp8: 2000, source: our sheet}\n")
