@@ -72,7 +72,7 @@ def _human(plan: dict[str, Any]) -> str:
 
 
 @click.command("plan")
-@click.option("--recipe", "recipe_name", required=True, help="Recipe name (see `nemo-muon launch --list`).")
+@click.option("--recipe", "recipe_name", required=True, help="Recipe name (list them with `nemo-muon recipes`).")
 @click.option("--gpus", type=click.IntRange(min=1), default=None,
               help="World size to plan for (default: the recipe's); layout and batch stay the recipe's.")
 @click.option("--gpu", default=None, help="GPU whose peak prices NS time and MFU (default: the recipe's).")
