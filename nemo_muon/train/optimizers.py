@@ -1,9 +1,9 @@
 """The training loop's view of an optimizer: reduce gradients over data parallelism, clip, step, checkpoint.
 
 `build_training_optimizer` picks, from the recipe:
-- Muon / SOAP with ``recipe.layerwise`` on more than one DP rank: `nemo_muon.layerwise`'s
-  LayerWiseDistributedOptimizer (each rank orthogonalizes whole matrices it owns, then parameters are gathered);
-- otherwise (AdamW, or one rank): `ReplicatedOptimizer` = gradients all-reduced (averaged) over the DP group,
+- Muon / SOAP with ``recipe.layerwise``: `nemo_muon.layerwise`'s LayerWiseDistributedOptimizer (each rank
+  orthogonalizes whole matrices it owns, then parameters are gathered);
+- otherwise (AdamW, or layerwise=False): `ReplicatedOptimizer` = gradients all-reduced (averaged) over the DP group,
   the global norm clipped, and the same optimizer stepped on every rank (DDP semantics).
 
 Every wrapper exposes the same small interface: `param_groups`, `zero_grad()`, `step() -> StepResult`,
@@ -49,13 +49,8 @@ class TrainingOptimizer(Protocol):
 
 def base_optimizer(recipe: TrainingRecipe, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The single-replica optimizer of a recipe: `nemo_muon.optim.build_optimizer` on the model's named params."""
-    try:
-        from nemo_muon.optim import build_optimizer
-    except ImportError:  # TEMPORARY until nemo_muon.optim.build_optimizer lands
-        if not isinstance(recipe.optimizer, AdamWConfig):
-            raise
-        c = recipe.optimizer
-        return torch.optim.AdamW(model.parameters(), lr=c.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay)
+    from nemo_muon.optim import build_optimizer
+
     return build_optimizer(recipe.optimizer, list(model.named_parameters()))
 
 
@@ -123,8 +118,12 @@ class ReplicatedOptimizer:
 
 
 def optimizer_kind(recipe: TrainingRecipe, dp: int) -> str:
-    """'layerwise' or 'replicated': how `build_training_optimizer` will run this recipe's optimizer at this DP."""
-    if isinstance(recipe.optimizer, AdamWConfig) or not recipe.layerwise or dp == 1:
+    """'layerwise' or 'replicated': how `build_training_optimizer` runs this recipe's optimizer.
+
+    Muon / SOAP with ``recipe.layerwise`` always use the layer-wise engine (at DP 1 it runs without communication),
+    so their checkpoints have one format at every DP size; AdamW is the DDP baseline.
+    """
+    if isinstance(recipe.optimizer, AdamWConfig) or not recipe.layerwise:
         return "replicated"
     return "layerwise"
 
