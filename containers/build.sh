@@ -24,7 +24,7 @@ while [ "$#" -gt 0 ]; do
     --engine) ENGINE=$2; shift 2 ;;
     --push) PUSH=1; shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "build.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
