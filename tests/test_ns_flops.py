@@ -80,3 +80,9 @@ def test_big_model_totals_split_vs_fused():
     assert qwen == pytest.approx(5.71e14, rel=0.005)
     assert ns_flops(matrix_params(QWEN3_30B_A3B, split_gate_up=False)).useful == pytest.approx(1.04e15, rel=0.005)
     assert ns_flops(matrix_params(QWEN3_30B_A3B, split_qkv=False)).useful > qwen
+
+
+def test_distributed_shard_narrower_than_the_short_side_still_splits_the_long_side():
+    m, n, tp = 64, 128, 4  # shard 64 x 32: still along the long (contracted) side
+    assert ns_flops_per_tp_rank((m, n), tp, "distributed", 1) == 5 * (4 * m * m * n / tp + 2 * m**3)
+    assert ns_flops_per_tp_rank((m, n), tp, "auto", 1) == ns_flops_per_tp_rank((m, n), tp, "distributed", 1)

@@ -10,6 +10,8 @@ Counting rule (published, tested; docs/flops.md):
   when split (``matrix_params(split_gate_up=True, split_qkv=True)``) and as one matrix when fused.
 - Only the hidden matrices Muon orthogonalizes count (``ParamInfo.is_hidden_matrix``: attention, dense MLP,
   routed and shared experts, router); embeddings, the head and norms go to AdamW.
+- The count is the standard quintic iteration's. nemo_muon's Gram NS (``nemo_muon.optim.ns_cost``: fewer FLOPs on
+  elongated matrices) and fused kernels execute less; the rule stays the standard count so numbers compare.
 - "Useful" NS FLOPs count every matrix once (what a single device would do); "executed" FLOPs add the work a
   tensor-parallel mode repeats: ``duplicated`` runs the full NS on every TP rank (TP x the work), ``distributed``
   runs X·Xᵀ and B·X on the shard and repeats A·A on every rank, ``blockwise`` orthogonalizes each shard alone.
@@ -65,8 +67,9 @@ def ns_flops_per_tp_rank(shape: Sequence[int], tp: int, tp_mode: str, partition_
 
     duplicated (and unsharded weights): the full NS on every rank. blockwise: NS of the shard alone.
     distributed: the Gram matrix of the shard (all-reduced) and B·X on the shard, A·A repeated on every rank;
-    it is only sound when the shard splits the long side, so a short-side shard (and ``auto`` in that case)
-    counts as duplicated, which is what the ``auto`` mode chooses there.
+    it needs the shard along the long (contracted) side, so a short-side shard counts as duplicated (what
+    ``nemo_muon.newton_schulz`` falls back to). ``auto`` is counted as distributed where possible (the optimizer's
+    own choice also weighs the communication, see ``nemo_muon.optim.ns_cost``).
     """
     check_positive_int("tp", tp)
     check_choice("tp_mode", tp_mode, TP_MODES)
@@ -81,8 +84,7 @@ def ns_flops_per_tp_rank(shape: Sequence[int], tp: int, tp_mode: str, partition_
         shard[partition_dim] //= tp
         return matrix_ns_flops(shard, steps, syrk=syrk)
     m, n = _short_long(shape)
-    splits_long_side = shape[partition_dim] == n and n // tp >= m
-    if not splits_long_side:
+    if shape[partition_dim] != n:  # the shard is along the short side: distributed falls back to duplicated
         return full
     gram = (m * m * n / tp) if syrk else (2 * m * m * n / tp)
     square = m**3 if syrk else 2 * m**3
