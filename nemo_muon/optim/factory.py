@@ -5,7 +5,8 @@
   ``matrix_rule``, and for Muon ``tp_mode`` may be overridden).
 - ``AdamWConfig`` -> ``torch.optim.AdamW`` (decoupled weight decay). Weight decay applies to every param, 1-D ones
   included, exactly as in the AdamW part of Muon/SOAP (one rule everywhere); to exempt norms and biases pass param
-  groups with ``weight_decay=0.0`` (runtime ``param_groups_fn``). AdamW takes no TP/routing runtime arguments.
+  groups with ``weight_decay=0.0`` as ``named_params``. AdamW takes no TP/routing runtime arguments.
+- SOAP preconditions a fused weight as one matrix, so it takes no ``fused_layouts``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 
-_MATRIX_RUNTIME = ("tp_group", "master_weights", "fused_layouts", "matrix_rule")
+_MATRIX_RUNTIME = ("tp_group", "master_weights", "matrix_rule")
 
 
 def build_optimizer(cfg: MuonConfig | SoapConfig | AdamWConfig, named_params: Iterable[Any],
@@ -28,7 +29,7 @@ def build_optimizer(cfg: MuonConfig | SoapConfig | AdamWConfig, named_params: It
     if isinstance(cfg, MuonConfig):
         from nemo_muon.optim.muon import Muon
 
-        allowed = (*_MATRIX_RUNTIME, "tp_mode")
+        allowed = (*_MATRIX_RUNTIME, "tp_mode", "fused_layouts")
         _check_runtime("muon", runtime, allowed)
         return Muon(named_params, **{**kwargs, **runtime})
     if isinstance(cfg, SoapConfig):

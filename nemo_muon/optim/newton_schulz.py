@@ -173,11 +173,11 @@ def newton_schulz_many(
             t = dims[i] == -2  # make the sharded (long) side the contracted columns
             full_long = x.shape[-2] * world if t else x.shape[-1] * world
             short = x.shape[-1] if t else x.shape[-2]
-            algo = choose_algorithm(short, full_long) if algorithm == "auto" else algorithm
+            algo = choose_algorithm(short, full_long, x.device, dtype) if algorithm == "auto" else algorithm
             reducers.append(reducer)
         else:
             t = x.shape[-2] > x.shape[-1]
-            algo = choose_algorithm(x.shape[-2], x.shape[-1]) if algorithm == "auto" else algorithm
+            algo = choose_algorithm(x.shape[-2], x.shape[-1], x.device, dtype) if algorithm == "auto" else algorithm
             reducers.append(None)
         transposed.append(t)
         programs.append(ns_program(x.mT if t else x, coeffs, algorithm=algo, compute_dtype=dtype))

@@ -4,8 +4,8 @@ FLOPs count multiply-adds as 2 FLOPs, for one matrix (m, n) with m <= n (the sid
 - standard: each step A = X·Xᵀ (2m²n), A·A (2m³), B·X (2m²n)  -> steps * (4m²n + 2m³)
 - gram: X·Xᵀ once (2m²n), per step the polynomial (2m³), Z·Q (2m³, not on the first step) and Z·R·Z (4m³, not on the
   last step), Q·X once (2m²n)  -> 4m²n + 2m³·(4·steps - 3)
-The algorithm used locally is ``gram`` when n >= GRAM_MIN_ASPECT * m (measured on CPU fp32 by bench/ns.py), else
-``standard``.
+The algorithm used locally is ``gram`` when n >= GRAM_MIN_ASPECT * m (measured on CPU by bench/ns.py), else
+``standard`` (see ``choose_algorithm`` for bf16 on GPU).
 
 TP mode choice for one matrix sharded over p ranks along ``partition_dim`` (time = FLOPs/flop_rate +
 bytes/bandwidth + collectives*latency, per rank):
@@ -19,14 +19,21 @@ bytes/bandwidth + collectives*latency, per rank):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 GRAM_MIN_ASPECT = 2.0
 """Use Gram NS when the long side is at least this many times the short side."""
 
 
-def choose_algorithm(m: int, n: int) -> str:
-    """``gram`` or ``standard`` for a matrix whose whitened side is m and contracted side is n."""
+def choose_algorithm(m: int, n: int, device: Any = "cpu", dtype: Any = None) -> str:
+    """``gram`` or ``standard`` for an m×n matrix on ``device`` with NS compute dtype ``dtype``.
+
+    Gram when the long side is >= GRAM_MIN_ASPECT x the short side, except bf16 on a GPU: there the m×m iteration
+    would run in bf16 with restarts (a looser band) while SYRK-based standard NS is the tuned path
+    (bench/gpu/ns_syrk.py measures both)."""
     short, long = min(m, n), max(m, n)
+    if str(getattr(device, "type", device)) != "cpu" and dtype is not None and "float32" not in str(dtype):
+        return "standard"
     return "gram" if long >= GRAM_MIN_ASPECT * short else "standard"
 
 
