@@ -17,6 +17,7 @@ API::
 Command line (used by the container build)::
 
     python -m nemo_muon.versions list
+    python -m nemo_muon.versions markdown          # the table of containers/README.md
     python -m nemo_muon.versions show 26.02 [--json]
     python -m nemo_muon.versions extras 26.02      # pinned requirements installed only if the base lacks them
     python -m nemo_muon.versions image 26.02       # the base image of that release
@@ -232,8 +233,22 @@ def current_release() -> ContainerRelease:
     return get_release(tag)
 
 
+def markdown_table() -> str:
+    """The releases as a markdown table (containers/README.md embeds it; a test keeps the two equal)."""
+    cols = [("release", "tag"), ("Megatron-Bridge", "megatron_bridge"), ("Megatron-Core", "megatron_core"),
+            ("TE", "transformer_engine"), ("NeMo", "nemo"), ("NeMo-Run", "nemo_run"), ("PyTorch", "pytorch"),
+            ("CUDA", "cuda"), ("Python", "python")]
+    lines = ["| " + " | ".join(h for h, _ in cols) + " | added if missing |",
+             "|" + "---|" * (len(cols) + 1)]
+    for rel in CONTAINER_RELEASES.values():
+        cells = [getattr(rel, f) or "n/d" for _, f in cols]
+        cells[0] = f"`{rel.tag}`" + (" (default)" if rel.tag == DEFAULT_RELEASE else "")
+        lines.append("| " + " | ".join(cells) + " | " + ", ".join(rel.extra_requirements) + " |")
+    return "\n".join(lines) + "\n\nn/d: not documented in the release notes (never guessed).\n"
+
+
 def _main(argv: Sequence[str]) -> int:
-    usage = "usage: python -m nemo_muon.versions {list | show TAG [--json] | extras TAG | image TAG}"
+    usage = "usage: python -m nemo_muon.versions {list | markdown | show TAG [--json] | extras TAG | image TAG}"
     if not argv:
         print(usage, file=sys.stderr)
         return 2
@@ -241,6 +256,8 @@ def _main(argv: Sequence[str]) -> int:
     try:
         if cmd == "list" and not rest:
             print("\n".join(list_releases()))
+        elif cmd == "markdown" and not rest:
+            print(markdown_table(), end="")
         elif cmd in ("show", "extras", "image") and rest:
             rel = get_release(rest[0])
             if cmd == "image" and len(rest) == 1:

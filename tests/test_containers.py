@@ -19,7 +19,7 @@ import pytest
 from nemo_muon.recipes import environment as recipe_env
 from nemo_muon.recipes import get_recipe, list_recipes
 
-from nemo_muon.versions import BASE_OWNED_DISTRIBUTIONS, DEFAULT_RELEASE, get_release
+from nemo_muon.versions import BASE_OWNED_DISTRIBUTIONS, DEFAULT_RELEASE, get_release, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -145,6 +145,34 @@ def test_install_into_base_accepts_only_exact_pins(tmp_path):
         mod.read_pins(bad)
     with pytest.raises(SystemExit, match="expected exactly one nemo_muon-\\*.whl"):
         mod.main(["--wheel-dir", str(tmp_path), "--requirements", str(good)])
+
+
+def test_readme_release_table_is_the_versions_table():
+    text = (ROOT / "containers" / "README.md").read_text()
+    begin, end = "<!-- versions-table:begin -->\n", "<!-- versions-table:end -->"
+    assert begin in text and end in text
+    assert text.split(begin, 1)[1].split(end, 1)[0] == markdown_table()
+
+
+@pytest.mark.parametrize(
+    ("args", "command"),
+    [(["nemo-muon:26.02"], None),
+     (["docker://registry.example.com#team/nemo-muon:26.06", "/shared/nm.sqsh"],
+      "enroot import --output /shared/nm.sqsh docker://registry.example.com#team/nemo-muon:26.06"),
+     (["podman://nemo-muon:26.02"], "enroot import --output nemo-muon-26.02.sqsh podman://nemo-muon:26.02")],
+)
+def test_enroot_import_builds_the_enroot_command(args, command):
+    r = _sh(["bash", str(ROOT / "containers" / "enroot_import.sh"), "--dry-run", *args], timeout=30)
+    if command is None:  # a plain local name is read from the docker daemon or podman
+        assert r.stdout.strip() in ("enroot import --output nemo-muon-26.02.sqsh dockerd://nemo-muon:26.02",
+                                    "enroot import --output nemo-muon-26.02.sqsh podman://nemo-muon:26.02")
+    else:
+        assert r.stdout.strip() == command
+
+
+def test_enroot_import_rejects_other_schemes():
+    r = _sh(["bash", str(ROOT / "containers" / "enroot_import.sh"), "--dry-run", "http://x/y"], timeout=30, check=False)
+    assert r.returncode == 2 and "SOURCE must be docker://, dockerd://, podman:// or a local image name" in r.stderr
 
 
 # ---------------------------------------------------------------- live build on a stand-in base
