@@ -1,0 +1,138 @@
+"""Communication buckets of the layer-wise optimizer: grads reduce-scattered to owners, params all-gathered back.
+
+A bucket holds whole parameters of one dtype. Its flat buffer is ``world`` equal segments; segment r holds the
+parameters owned by rank r (in order), zero-padded to the longest segment, so both collectives are even-sized and
+run on every backend (gloo has no uneven all-gather). Buckets are filled per owner: bucket k takes each rank's next
+owned parameters up to ``bucket_bytes / world``, so segments are nearly equal and padding stays small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Bucket:
+    """Whole parameters of one dtype laid out in ``world`` owner segments of ``seg_numel`` elements."""
+
+    params: list[torch.nn.Parameter]
+    names: list[str]
+    owners: list[int]
+    offsets: list[int]
+    """Element offset of each param in the flat buffer (inside its owner's segment)."""
+    seg_numel: int
+    world: int
+    rank: int
+    group: dist.ProcessGroup | None
+    dtype: torch.dtype
+    flat: torch.Tensor = field(init=False, repr=False)
+    pending: dist.Work | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.flat = torch.zeros(self.seg_numel * self.world, dtype=self.dtype, device=self.params[0].device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+    def segment(self) -> torch.Tensor:
+        """This rank's segment of the flat buffer."""
+        return self.flat.narrow(0, self.rank * self.seg_numel, self.seg_numel)
+
+    def view_of(self, i: int) -> torch.Tensor:
+        """The slice of the flat buffer holding param ``i``, shaped like it."""
+        p = self.params[i]
+        return self.flat.narrow(0, self.offsets[i], p.numel()).view_as(p)
+
+    def owned(self) -> list[int]:
+        """Indices of the params this rank owns."""
+        return [i for i, o in enumerate(self.owners) if o == self.rank]
+
+    def reduce_grads(self) -> torch.Tensor:
+        """Sum every rank's grads; return this rank's segment of the sums (a new tensor)."""
+        self.flat.zero_()
+        for i, p in enumerate(self.params):
+            if p.grad is not None:
+                self.view_of(i).copy_(p.grad)
+        out = torch.empty(self.seg_numel, dtype=self.dtype, device=self.flat.device)
+        if self.group is None:
+            out.copy_(self.segment())
+        else:
+            _reduce_scatter(out, self.flat, self.group)
+        return out
+
+    def start_gather(self) -> None:
+        """Launch the async all-gather of the owners' segments (each rank has written its own segment)."""
+        if self.group is None:
+            return
+        seg = self.segment().clone()
+        self.pending = _all_gather(self.flat, seg, self.group)
+
+    def finish_gather(self) -> None:
+        """Wait for the gather (if any) and copy the gathered values into the params."""
+        if self.pending is not None:
+            self.pending.wait()
+            self.pending = None
+            with torch.no_grad():
+                for i, p in enumerate(self.params):
+                    if self.owners[i] != self.rank:
+                        p.copy_(self.view_of(i))
+
+    def comm_bytes(self) -> int:
+        """Bytes this rank sends for one reduce-scatter plus one all-gather of this bucket (ring model)."""
+        if self.world == 1:
+            return 0
+        return 2 * (self.world - 1) * self.seg_numel * self.flat.element_size()
+
+
+def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor, group: dist.ProcessGroup) -> None:
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    fn(out, flat, op=dist.ReduceOp.SUM, group=group)
+
+
+def _all_gather(flat: torch.Tensor, seg: torch.Tensor, group: dist.ProcessGroup) -> dist.Work:
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(flat, seg, group=group, async_op=True)
+
+
+def build_buckets(named: Sequence[tuple[str, torch.nn.Parameter]], owners: dict[str, int], bucket_bytes: int,
+                  world: int, rank: int, group: dist.ProcessGroup | None) -> list[Bucket]:
+    """Buckets for ``named`` (in backprop order: pass them reversed from model order), one dtype per bucket."""
+    buckets: list[Bucket] = []
+    dtypes: list[torch.dtype] = []
+    for _, p in named:
+        if p.dtype not in dtypes:
+            dtypes.append(p.dtype)
+    for dtype in dtypes:
+        streams: list[list[tuple[str, torch.nn.Parameter]]] = [[] for _ in range(world)]
+        for name, p in named:
+            if p.dtype == dtype:
+                streams[owners[name]].append((name, p))
+        cap = max(1, bucket_bytes // world)
+        while any(streams):
+            params, names, own, offsets, seg_lens = [], [], [], [], []
+            chunks: list[list[tuple[str, torch.nn.Parameter]]] = []
+            for r in range(world):
+                taken, size = [], 0
+                while streams[r] and (not taken or size + streams[r][0][1].nbytes <= cap):
+                    item = streams[r].pop(0)
+                    taken.append(item)
+                    size += item[1].nbytes
+                chunks.append(taken)
+                seg_lens.append(sum(p.numel() for _, p in taken))
+            seg = max(seg_lens)
+            for r, taken in enumerate(chunks):
+                off = r * seg
+                for name, p in taken:
+                    params.append(p)
+                    names.append(name)
+                    own.append(r)
+                    offsets.append(off)
+                    off += p.numel()
+            buckets.append(Bucket(params=params, names=names, owners=own, offsets=offsets, seg_numel=seg,
+                                  world=world, rank=rank, group=group, dtype=dtype))
+    return buckets
