@@ -120,16 +120,16 @@ class RoutedOptimizer(torch.optim.Optimizer):
     def report_nonfinite(self) -> None:
         """Apply the ``nonfinite`` policy to a step found to have non-finite grads (by this optimizer or a caller
         that checked globally): raise, or record the skip (``last_step_skipped``, ``skipped_steps``, warn once)."""
+        names = ", ".join(self.nonfinite_param_names()) or "a param outside this optimizer (caller's global check)"
         if self.nonfinite == "raise":
-            names = self.nonfinite_param_names() or ["<found by the caller's global check>"]
-            raise FloatingPointError(f"{self.label}: non-finite gradient in {', '.join(names)} "
+            raise FloatingPointError(f"{self.label}: non-finite gradient in {names} "
                                      "(nonfinite='raise'; use 'skip' to skip such steps)")
         self.last_step_skipped = True
         self.skipped_steps += 1
         if not self._warned_skip:
             self._warned_skip = True
-            warnings.warn(f"{self.label}: non-finite gradient in {', '.join(self.nonfinite_param_names())}; the step "
-                          "was skipped for all params (counted in skipped_steps; warned once)", stacklevel=3)
+            warnings.warn(f"{self.label}: non-finite gradient in {names}; the step was skipped for all params "
+                          "(counted in skipped_steps; warned once)", stacklevel=3)
 
     # --- the step ------------------------------------------------------------------------------------------------
     def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
