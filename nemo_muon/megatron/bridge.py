@@ -165,8 +165,9 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) 
         },
         "scheduler": scheduler,
         "ddp": {
-            "use_distributed_optimizer": is_adam and recipe.layerwise,
-            "overlap_param_gather": is_adam and recipe.layerwise,
+            # Bridge: AdamW uses the distributed optimizer with param-gather overlap; Muon/SOAP need both off
+            "use_distributed_optimizer": is_adam,
+            "overlap_param_gather": is_adam,
             "check_for_nan_in_grad": getattr(opt, "nonfinite", "raise") == "raise",
         },
         "mixed_precision": mixed_precision,

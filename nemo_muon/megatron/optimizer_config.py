@@ -148,14 +148,14 @@ def megatron_optimizer_spec(
 ) -> MegatronOptimizerSpec:
     """Map ``opt`` onto an OptimizerConfig with the given field names (pure; raises on what cannot be honoured).
 
-    ``layerwise`` selects the layer-wise distributed optimizer for Muon/SOAP and Megatron's distributed
-    (ZeRO-1) optimizer for AdamW.
+    ``layerwise`` selects the layer-wise distributed optimizer for Muon/SOAP; AdamW always uses Megatron's
+    distributed (ZeRO-1) optimizer, as Bridge's recipes do (``layerwise`` is a Muon/SOAP setting).
     """
     api = api_for_fields(fields)
     kw = _common(opt, grad_clip=grad_clip, min_lr=min_lr, bf16=bf16)
     if isinstance(opt, AdamWConfig):
         kw.update(optimizer="adam", adam_beta1=opt.betas[0], adam_beta2=opt.betas[1], adam_eps=opt.eps,
-                  use_distributed_optimizer=layerwise)
+                  use_distributed_optimizer=True)
         if "decoupled_weight_decay" in fields:
             kw["decoupled_weight_decay"] = True
         return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", False, "adam")
