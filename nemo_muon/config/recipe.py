@@ -39,6 +39,9 @@ class ParallelismConfig:
     etp: int = 1
     """Expert tensor parallel size."""
     sequence_parallel: bool = False
+    pipeline_layout: str | None = None
+    """Megatron `pipeline_model_parallel_layout` string, e.g. 'Et|(tt|)*30L'; None = layers split evenly over pp*vp
+    (the layout itself is checked against the model by nemo_muon.accounting.layout.validate_layout)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -46,6 +49,10 @@ class ParallelismConfig:
     def validate(self) -> None:
         for name in ("tp", "pp", "vp", "cp", "ep", "etp"):
             check_positive_int(f"parallelism.{name}", getattr(self, name))
+        if self.pipeline_layout is not None and not (isinstance(self.pipeline_layout, str) and self.pipeline_layout):
+            raise ValueError(
+                f"parallelism.pipeline_layout must be a non-empty layout string or None; got {self.pipeline_layout!r}"
+            )
 
     @property
     def model_parallel_size(self) -> int:
