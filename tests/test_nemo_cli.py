@@ -1,0 +1,142 @@
+"""`nemo llm pretrain --factory <recipe>` through NeMo-Run's real `nemo` command (subprocesses) and in-process.
+
+The `llm` namespace is served by nemo-muon's `nemo_run.cli` entry point named ``llm``. If the installed metadata
+lacks it, `llm_entry_point_path` adds a dist-info declaring exactly that entry point to PYTHONPATH, so these tests
+exercise the same lookup NeMo-Run does. Coexistence with NeMo 2.7 is proven with a second package that registers
+its own ``llm`` namespace, installed with `pip install --no-deps --target`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from nemo_muon.recipes import list_recipes
+from typer.testing import CliRunner
+
+VENV_BIN = Path(sys.executable).parent
+NEMO = str(VENV_BIN / "nemo")
+OWN_LLM_ENTRY = "nemo_muon.recipes.nemo_run_registration"
+
+
+@pytest.fixture(scope="module")
+def llm_entry_point_path(tmp_path_factory) -> str:
+    """'' when nemo-muon's installed metadata declares `llm = nemo_muon...`, else a dir with a dist-info that does."""
+    eps = metadata.entry_points().select(group="nemo_run.cli", name="llm")
+    if any(ep.value == OWN_LLM_ENTRY for ep in eps):
+        return ""
+    root = tmp_path_factory.mktemp("llm_ep")
+    info = root / "nemo_muon_llm_entry-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nemo-muon-llm-entry\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(f"[nemo_run.cli]\nllm = {OWN_LLM_ENTRY}\n")
+    return str(root)
+
+
+def nemo(args: list[str], *, pythonpath: list[str], home: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NEMORUN_HOME": str(home), "OMP_NUM_THREADS": "1",
+           "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p)}
+    return subprocess.run([NEMO, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_dryrun_shows_the_layout_and_bad_overrides_fail_cleanly(llm_entry_point_path, tmp_path):
+    ok = nemo(["llm", "pretrain", "--factory", "kimi_k2_muon", "optim.lr=1e-4", "--dryrun", "--yes"],
+              pythonpath=[llm_entry_point_path], home=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ("kimi_k2_muon: 256 x gb300 (64 nodes x 4), TP1 PP4 VP4 CP1 EP64 ETP1 DP64, GBS 4096 MBS 2 seq 4096"
+            in ok.stdout)
+    assert "lr: 0.0001" in ok.stdout and "tp_mode: duplicated" in ok.stdout and "Couldn't load" not in ok.stdout
+    bad = nemo(["llm", "pretrain", "--factory", "kimi_k2_muon", "optim.lrr=1", "--dryrun", "--yes"],
+               pythonpath=[llm_entry_point_path], home=tmp_path)
+    assert bad.returncode != 0 and "Traceback" not in bad.stdout + bad.stderr
+    assert "Error: override key 'optim.lrr' is unknown" in bad.stderr and "'weight_decay'" in bad.stderr
+
+
+def test_every_factory_dryruns_in_process(llm_entry_point_path, monkeypatch, tmp_path):
+    """Each recipe through NeMo-Run's CLI app (one process, so all recipes fit the time budget)."""
+    from nemo_run.cli.api import create_cli
+
+    monkeypatch.setenv("NEMORUN_HOME", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["nemo", "nemo_muon"])  # NeMo-Run builds sub-commands for argv[1]
+    app = create_cli()
+    runner = CliRunner()
+    for name in list_recipes():
+        result = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", name, "--dryrun", "--yes"])
+        assert result.exit_code == 0, (name, result.output[-2000:])
+        assert f"# {name}: " in result.output and f"name: {name}" in result.output
+    bad = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "kimi_k2_muon", "optim.tp_mode=dup", "--yes"])
+    assert bad.exit_code == 1
+    assert "tp_mode must be one of ('duplicated', 'distributed', 'blockwise', 'auto'); got 'dup'" in bad.output
+    unknown = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "kimi_k2_moun", "--yes"])
+    assert unknown.exit_code == 1 and "--factory must be one of (" in unknown.output
+
+
+FAKE_LLM = {
+    "pyproject.toml": """
+        [build-system]
+        requires = ["setuptools"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "fakellm"
+        version = "2.7.0"
+        [project.entry-points."nemo_run.cli"]
+        llm = "fakellm"
+        [tool.setuptools]
+        packages = ["fakellm"]
+    """,
+    "fakellm/__init__.py": """
+        import nemo_run as run
+
+        @run.cli.entrypoint(namespace="llm")
+        def pretrain(model: str = "gpt", max_steps: int = 1) -> None:
+            print(f"FAKELLM pretrain model={model} max_steps={max_steps}")
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def fake_llm_provider(tmp_path_factory) -> str:
+    """A second package registering the `llm` namespace (like NeMo 2.7), installed into its own target dir."""
+    src, target = tmp_path_factory.mktemp("fakellm_src"), tmp_path_factory.mktemp("fakellm_target")
+    for rel, text in FAKE_LLM.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(textwrap.dedent(text))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+                    str(target), str(src)], check=True, timeout=300, capture_output=True)
+    return str(target)
+
+
+def test_coexists_with_another_llm_namespace(llm_entry_point_path, fake_llm_provider, tmp_path):
+    path = [fake_llm_provider, llm_entry_point_path]
+    theirs = nemo(["llm", "pretrain", "max_steps=3", "--yes"], pythonpath=path, home=tmp_path)
+    assert theirs.returncode == 0, theirs.stderr[-3000:]
+    assert "FAKELLM pretrain model=gpt max_steps=3" in theirs.stdout  # their entrypoint, not overridden by ours
+    ours = nemo(["nemo_muon", "pretrain", "--factory", "qwen3_30b_a3b_muon", "--dryrun", "--yes"], pythonpath=path,
+                home=tmp_path)
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert "qwen3_30b_a3b_muon: 8 x gb300 (2 nodes x 4), TP1 PP1 VP1 CP1 EP8 ETP1 DP8, GBS 512 MBS 8" in ours.stdout
+    helped = nemo(["--help"], pythonpath=path, home=tmp_path)
+    assert helped.returncode == 0 and "Couldn't load" not in helped.stdout + helped.stderr
+    assert "llm" in helped.stdout and "nemo_muon" in helped.stdout and "Traceback" not in helped.stderr
+
+
+def test_tiny_recipe_trains_two_cpu_ranks_through_the_local_executor(llm_entry_point_path, tmp_path):
+    if "tiny_kimi_k2_muon" not in list_recipes():
+        pytest.fail("the tiny CPU recipes (recipes/tiny.py) are missing")
+    runs = tmp_path / "runs"
+    proc = nemo(["llm", "pretrain", "--factory", "tiny_kimi_k2_muon", "run.executor=local", "trainer.max_steps=2",
+                 "trainer.global_batch_size=4", "trainer.micro_batch_size=2", "trainer.seq_length=32",
+                 "trainer.eval_interval=0", "data.kind=mock", f"logging.root={runs}", "--yes"],
+                pythonpath=[llm_entry_point_path], home=tmp_path, timeout=400)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    events = [json.loads(line) for line in (runs / "tiny_kimi_k2_muon" / "metrics.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "run" and events[0]["world_size"] == 2 and events[0]["optimizer"] == "muon"
+    steps = [e for e in events if e["event"] == "train"]
+    assert [e["step"] for e in steps] == [1, 2] and all(e["loss"] == e["loss"] for e in steps)  # not NaN
