@@ -89,7 +89,7 @@ def build_model(spec: ModelSpec, *, seed: int) -> torch.nn.Module:
     devices = torch.random.fork_rng(devices=[])  # leave the caller's global RNG untouched
     with devices:
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model
 
 

@@ -188,7 +188,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, corpus_root: str | None 
             chunk = ids[micro * t.micro_batch_size:(micro + 1) * t.micro_batch_size]
             loss, n = _loss_sum(model, data.batch(chunk), recipe.precision.kind)
             (loss / (n * accum * world)).backward()
-            loss_acc += float(loss) / n
+            loss_acc += loss.item() / n
         result = opt.step()
         if group is not None:
             dist.all_reduce(loss_acc, group=group)

@@ -1,0 +1,92 @@
+"""A short run of every tiny recipe on 2 gloo ranks: finite, decreasing loss, metrics JSONL, and a report."""
+
+import json
+import math
+import shutil
+
+import pytest
+from nemo_muon.recipes import get_recipe, list_recipes
+
+from nemo_muon.train.data import stdlib_source_files
+from tests.distributed import run_distributed
+
+TINY = sorted(n for n in list_recipes() if n.startswith("tiny_"))
+
+
+def small_corpus(root, n=12):
+    """A small real corpus: the first ``n`` stdlib modules of 2-20 KB, copied under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    files = [f for f in stdlib_source_files() if 2_000 < f.stat().st_size < 20_000][:n]
+    for i, f in enumerate(files):
+        shutil.copy(f, root / f"m{i:02d}.py")
+    return str(root)
+
+
+def short(name, root, steps=6):
+    """The recipe with a test-sized loop: 8 windows of 32 tokens per step, 2 micro-batches per rank."""
+    r = get_recipe(name)
+    r.trainer.max_steps, r.trainer.global_batch_size, r.trainer.micro_batch_size = steps, 8, 2
+    r.trainer.seq_length, r.trainer.eval_interval, r.trainer.eval_iters = 32, 3, 1
+    r.scheduler.warmup_steps = 1
+    r.logging.root, r.data.tokenizer_dir = str(root), str(root / "tokenizer")
+    return r
+
+
+def _train_all(rank, world, group, names, root, corpus):
+    from nemo_muon.train.loop import train
+
+    return {n: train(short(n, root), group=group, corpus_root=corpus) for n in names}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    corpus = small_corpus(root / "corpus")
+    results = run_distributed(_train_all, world_size=2, args=(TINY, root, corpus), timeout_s=240)
+    return root, results
+
+
+def test_every_tiny_recipe_is_covered():
+    assert {"tiny_kimi_k2_muon", "tiny_kimi_k2_adamw", "tiny_kimi_k2_soap", "tiny_qwen3_moe_muon",
+            "tiny_qwen3_moe_adamw"} <= set(TINY)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_short_run_loss_is_finite_and_decreasing(runs, name):
+    _, results = runs
+    s0, s1 = results[0][name], results[1][name]
+    losses = [s0["losses"][k] for k in sorted(s0["losses"])]
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
+    assert losses[0] > math.log(4096) - 0.5  # starts near uniform over the vocabulary
+    assert sum(losses[-2:]) / 2 < losses[0] - 0.25, losses
+    assert s0["val_losses"][6] < s0["val_losses"][3] and math.isfinite(s0["val_losses"][6])
+    assert s0["losses"] == s1["losses"] and s0["val_losses"] == s1["val_losses"]  # ranks agree
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_metrics_jsonl_follows_the_schema(runs, name):
+    root, _ = runs
+    events = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "run" and events[0]["world_size"] == 2 and events[0]["recipe"] == name
+    assert events[0]["model_params"] > 1_000_000
+    train = [e for e in events if e["event"] == "train"]
+    assert [e["step"] for e in train] == [1, 2, 3, 4, 5, 6]
+    for e in train:
+        for key in ("loss", "lr", "grad_norm", "tokens", "step_time_s", "optimizer_time_s", "tokens_per_s",
+                    "model_tflops", "ns_tflops", "elapsed_s"):
+            assert isinstance(e[key], (int, float)), key
+        assert 0 < e["optimizer_time_s"] < e["step_time_s"]
+    assert train[-1]["tokens"] == 6 * 8 * 32
+    assert (train[0]["ns_tflops"] > 0) == ("muon" in name)
+    assert [e["step"] for e in events if e["event"] == "val"] == [3, 6]
+
+
+def test_report_of_a_muon_adamw_pair(runs, tmp_path):
+    from nemo_muon.reporting import write_report
+
+    root, _ = runs
+    md = write_report([root / "tiny_kimi_k2_muon", root / "tiny_kimi_k2_adamw"], tmp_path / "report")
+    text = md.read_text()
+    assert "tiny_kimi_k2_muon" in text and "tiny_kimi_k2_adamw" in text
+    assert (tmp_path / "report" / "loss_vs_step.png").stat().st_size > 1000
+    assert (tmp_path / "report" / "loss_vs_time.png").stat().st_size > 1000
