@@ -153,3 +153,18 @@ def test_muon_maps_to_real_016_config():
     assert (result["momentum"], result["tp_mode"], result["weight_decay"]) == (0.95, "duplicated", 0.1)
     assert "SOAP needs megatron-core >= 0.18" in result["errors"]["soap"]
     assert "muon.coefficients='polar_express'" in result["errors"]["polar"]
+
+
+# ---------------------------------------------------------------- NeMo 2 one-line switch
+
+def test_nemo2_muon_one_line_switch_maps_to_mcore_config():
+    import importlib.util
+
+    from nemo_muon.megatron import nemo2
+
+    cfg, spec = nemo2.muon_optimizer_config(lr=1e-4, weight_decay=0.01)
+    assert isinstance(cfg, MCoreOptimizerConfig) and spec.layer_wise
+    assert (cfg.lr, cfg.weight_decay, cfg.muon_momentum, cfg.muon_tp_mode) == (1e-4, 0.01, 0.95, "duplicated")
+    if importlib.util.find_spec("nemo") is None:  # CPU install: the module says what it needs instead of failing late
+        with pytest.raises(ImportError, match="needs NeMo 2.7"):
+            nemo2.Muon(lr=1e-4, weight_decay=0.01)
