@@ -216,6 +216,9 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
         raise LaunchError(f"logging.run_name must match [A-Za-z0-9][A-Za-z0-9_.-]* to name a run folder; got {run_name!r}")
     root = Path(recipe.logging.root)
     run_dir = root / run_name
+    if (run_dir / "metrics.jsonl").exists() and not recipe.checkpoint.resume:
+        raise LaunchError(f"logging.run_name must name a new run folder (or set checkpoint.resume=true); "
+                          f"{str(run_dir)!r} already holds metrics.jsonl")
     env_all = {**recipe.env, **(profile.env if profile else {}), **parse_env(opts.env, environ)}
     plain, secrets = split_secrets(env_all)
     plain["NEMO_MUON_LAUNCH_ENV"] = ",".join([*plain, *secrets])

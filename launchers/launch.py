@@ -115,11 +115,13 @@ def usage_error(e: Exception, secrets: dict[str, str] | None = None) -> click.Us
 @launch_options
 @click.option("--dry-run", is_flag=True, help="Print exactly what would be submitted or run; submit nothing.")
 @click.option("--wait/--no-wait", default=False, help="Slurm: wait for the job to finish [default: no-wait].")
+@click.option("--wait-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Stop waiting after this long (the job keeps running) [default: no limit].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def launch(recipe: str, executor: str | None, cluster: str | None, profiles: str | None, nodes: int | None,
            gpus_per_node: int | None, account: str | None, partition: str | None, time_: str | None,
            image: str | None, container: bool | None, mount: tuple[str, ...], env: tuple[str, ...],
-           overrides: tuple[str, ...], dry_run: bool, wait: bool, as_json: bool) -> None:
+           overrides: tuple[str, ...], dry_run: bool, wait: bool, wait_timeout: float | None, as_json: bool) -> None:
     """Launch a recipe locally (torchrun), in docker, or on Slurm; overrides are key=value (trainer.max_steps=10)."""
     opts = options_from_cli(recipe, executor, cluster, profiles, nodes, gpus_per_node, account, partition, time_,
                             image, container, mount, env, overrides)
@@ -133,7 +135,7 @@ def launch(recipe: str, executor: str | None, cluster: str | None, profiles: str
     if not as_json:
         click.echo(plan.describe(), err=True, nl=False)
     try:
-        result = execute(plan, wait=wait, progress=not as_json)
+        result = execute(plan, wait=wait, timeout_s=wait_timeout, progress=not as_json)
     except LaunchError as e:
         raise usage_error(e, plan.secrets) from None
     except (RuntimeError, TimeoutError, OSError) as e:

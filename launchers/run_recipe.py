@@ -1,7 +1,8 @@
 """The job entry point every launcher runs: ``python -m nemo_muon.launchers.run_recipe --recipe NAME [key=value ...]``.
 
 Builds the recipe, applies the overrides (nemo_muon.recipes.overrides), records how the job was launched in
-``<run dir>/launch.json`` (rank 0; secret values masked) and calls ``nemo_muon.train.pretrain.pretrain(recipe)``.
+``<run dir>/launch.json`` (rank 0; secret values masked) and calls ``nemo_muon.train.pretrain.pretrain(recipe)``
+(``$NEMO_MUON_CORPUS_ROOT``, when set, is its ``corpus_root``: a small .py corpus instead of the stdlib).
 Under ``srun`` with one task per GPU (no torchrun), RANK / WORLD_SIZE / LOCAL_RANK come from SLURM_PROCID /
 SLURM_NTASKS / SLURM_LOCALID.
 """
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from nemo_muon.launchers.secrets import MASK, is_secret_name
 
+CORPUS_ENV_VAR = "NEMO_MUON_CORPUS_ROOT"
+"""A folder of .py files that replaces the Python stdlib corpus of data.kind='stdlib_text' (small trials, CI)."""
 LAUNCH_ENV_VAR = "NEMO_MUON_LAUNCH_ENV"
 """Comma-separated names of the variables the launcher set for the job (recorded in launch.json)."""
 
@@ -69,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         (run_dir / "launch.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     from nemo_muon.train.pretrain import pretrain
 
-    pretrain(recipe)
+    corpus = os.environ.get(CORPUS_ENV_VAR)
+    pretrain(recipe, **({"corpus_root": corpus} if corpus else {}))
     return 0
 
 

@@ -18,7 +18,7 @@ if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! comm
   fi
 fi
 HOST=$(hostname -s)
-CPUS=$(nproc)
+CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)   # nproc obeys OMP_NUM_THREADS; slurmd must not
 TOPO=$(slurmd -C | head -1 | grep -o "Boards=.* ThreadsPerCore=[0-9]*")
 MEM=$(( $(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 * 8 / 10 ))   # 80% of RAM in MB
 mkdir -p "$STATE"/{ctld,d,log} /etc/slurm /run/munge /var/log/munge /var/lib/munge
@@ -68,11 +68,11 @@ rm -f /etc/slurm/cgroup.conf   # 22.05 has no CgroupPlugin=disabled; autodetect 
 chown -R munge:munge /etc/munge /run/munge /var/log/munge /var/lib/munge
 chmod 0700 /etc/munge; chmod 0400 /etc/munge/munge.key; chmod 0755 /run/munge
 if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
-  runuser -u munge -- /usr/sbin/munged
+  runuser -u munge -- /usr/sbin/munged </dev/null >/dev/null 2>&1   # daemons must not hold the caller's pipes
   for _ in $(seq 1 50); do munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
 fi
-alive "$STATE/slurmctld.pid" || slurmctld -i
-alive "$STATE/slurmd.pid"    || slurmd
+alive "$STATE/slurmctld.pid" || slurmctld -i </dev/null >>"$STATE/log/slurmctld.stdout" 2>&1
+alive "$STATE/slurmd.pid"    || slurmd </dev/null >>"$STATE/log/slurmd.stdout" 2>&1
 st=""
 for i in $(seq 1 120); do   # wait until the node is idle (at most 60 s)
   st=$(sinfo -h -N -n "$HOST" -o '%T' 2>/dev/null || true)

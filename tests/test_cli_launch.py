@@ -1,0 +1,119 @@
+"""`nemo-muon launch --dry-run`: the exact sbatch script / docker / torchrun lines for the recipes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from nemo_muon.launchers.cli import main
+from nemo_muon.launchers.slurm import segment_size
+from nemo_muon.recipes import get_recipe
+
+IMAGE = "nvcr.io/nvidia/nemo:26.02"
+NGC_DOCKER_FLAGS = "--gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864"
+
+
+def _dry_run(tmp_path: Path, *args: str) -> str:
+    result = CliRunner().invoke(main, ["launch", *args, "--dry-run", f"logging.root={tmp_path / 'runs'}"])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def _script(out: str) -> str:
+    start = out.index("#!/bin/bash")
+    return out[start:out.index("# submit:")]
+
+
+@pytest.mark.parametrize(("nodes", "segment"), [(1, 1), (16, 16), (18, 18), (19, 1), (20, 10), (36, 18), (64, 16)])
+def test_segment_keeps_allocations_inside_one_nvl72_rack(nodes: int, segment: int) -> None:
+    assert segment_size(nodes) == segment
+
+
+def test_kimi_k2_gb300_sbatch_has_bridge_perf_lines(tmp_path: Path) -> None:
+    out = _dry_run(tmp_path, "--recipe", "kimi_k2_muon", "--executor", "slurm", "--account", "acct", "--partition",
+                   "batch", "--image", IMAGE, "--mount", "/lustre/data:/data", "--time", "00:30:00")
+    script = _script(out)
+    lines = script.splitlines()
+    root = tmp_path / "runs"
+    for expected in ("#SBATCH --account=acct", "#SBATCH --partition=batch", "#SBATCH --nodes=64",
+                     "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4", "#SBATCH --time=00:30:00",
+                     "#SBATCH --exclusive", "#SBATCH --mem=0", "#SBATCH --segment=16",
+                     f"#SBATCH --output={root}/kimi_k2_muon/slurm-%j.out"):
+        assert expected in lines, expected
+    for name, value in get_recipe("kimi_k2_muon").env.items():  # the recipe's NCCL/NVTE/CUDA variables
+        assert f"export {name}={value}" in lines
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert srun.split(" python ")[0].split() == [
+        "srun", "--mpi=pmix", f"--container-image={IMAGE}", f"--container-mounts=/lustre/data:/data,{root}:{root}",
+        "--no-container-mount-home", "--container-writable", f"--container-workdir={root}"]
+    assert srun.endswith(f"python -m nemo_muon.launchers.run_recipe --recipe kimi_k2_muon logging.root={root}")
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert not root.exists()  # a dry run writes nothing
+    assert f"sbatch --parsable --export=ALL {root}/kimi_k2_muon/nemo-muon-kimi_k2_muon-1.sbatch" in out
+
+
+def test_qwen3_gb300_is_two_nodes_in_one_segment(tmp_path: Path) -> None:
+    script = _script(_dry_run(tmp_path, "--recipe", "qwen3_30b_a3b_muon", "--executor", "slurm", "--image", IMAGE))
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --segment=2" in script
+    assert "#SBATCH --account" not in script  # not given, not invented
+
+
+def test_more_nodes_rescale_data_parallelism_and_segment(tmp_path: Path) -> None:
+    script = _script(_dry_run(tmp_path, "--recipe", "kimi_k2_muon", "--executor", "slurm", "--image", IMAGE,
+                              "--nodes", "128"))
+    assert "#SBATCH --nodes=128" in script and "#SBATCH --segment=16" in script
+    assert "system.num_nodes=128" in script.rstrip().splitlines()[-1]  # the job builds the same recipe
+
+
+def test_no_container_runs_bare_with_this_python(tmp_path: Path) -> None:
+    script = _script(_dry_run(tmp_path, "--recipe", "kimi_k2_muon", "--executor", "slurm", "--no-container"))
+    assert "--container" not in script
+    assert f"srun --mpi=pmix {sys.executable} -m nemo_muon.launchers.run_recipe" in script
+
+
+def test_docker_line_has_ngc_flags_mounts_env_and_entrypoint(tmp_path: Path) -> None:
+    out = _dry_run(tmp_path, "--recipe", "qwen3_30b_a3b_muon", "--executor", "docker", "--image", IMAGE,
+                   "--mount", "/data:/data:ro", "--env", "NCCL_DEBUG=WARN")
+    line = out.splitlines()[-1]
+    assert line.startswith(f"docker run --rm {NGC_DOCKER_FLAGS} --network=host -v /data:/data:ro")
+    assert "-e NCCL_DEBUG=WARN" in line and "-e NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8" in line
+    assert "-e PET_NODE_RANK -e PET_MASTER_ADDR" in line  # 2 GB300 nodes: each node sets its rank
+    assert line.endswith(f"{IMAGE} torchrun --nnodes 2 --master-port 29500 --nproc-per-node 4 "
+                         f"-m nemo_muon.launchers.run_recipe --recipe qwen3_30b_a3b_muon "
+                         f"logging.root={tmp_path / 'runs'}")
+    assert "each of the 2 nodes" in out
+
+
+def test_local_runs_torchrun_standalone_with_the_recipe_processes(tmp_path: Path) -> None:
+    out = _dry_run(tmp_path, "--recipe", "qwen3_30b_a3b_muon", "--executor", "local", "--nodes", "1",
+                   "--gpus-per-node", "4", "parallelism.ep=4", "trainer.global_batch_size=64")
+    line = out.splitlines()[-1]
+    assert f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 4 -m " \
+           "nemo_muon.launchers.run_recipe --recipe qwen3_30b_a3b_muon parallelism.ep=4" in line
+    assert "NCCL_NVLS_ENABLE=0" in line  # local runs show the variables they set
+
+
+def test_json_dry_run_is_one_object(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["launch", "--recipe", "kimi_k2_muon", "--executor", "slurm", "--image", IMAGE,
+                                       "--dry-run", "--json", f"logging.root={tmp_path}"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["dry_run"] is True and data["executor"] == "slurm" and "#SBATCH --segment=16" in data["script"]
+
+
+def test_help_works_on_every_command() -> None:
+    for cmd in ([], ["launch"], ["bench"], ["report"], ["doctor"], ["plan"], ["profiles"], ["recipes"], ["cancel"]):
+        result = CliRunner().invoke(main, [*cmd, "--help"])
+        assert result.exit_code == 0 and "Usage:" in result.output, cmd
+
+
+def test_cli_imports_no_torch() -> None:
+    code = ("import sys; from click.testing import CliRunner; from nemo_muon.launchers.cli import main; "
+            "r = CliRunner().invoke(main, ['launch', '--recipe', 'kimi_k2_muon', '--executor', 'slurm', '--image', "
+            "'x', '--dry-run']); assert r.exit_code == 0, r.output; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -1,0 +1,121 @@
+"""A real single-node Slurm cluster (scripts/slurm_up.sh): submit a tiny CPU recipe, wait, check results and logs,
+cancel a job, chain bench's baseline, and prove that bad input submits nothing.
+
+Skips only where slurm-wlm/munge cannot be installed (slurm_up.sh exit 77: not root or no apt-get).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from nemo_muon.launchers import slurm
+from nemo_muon.launchers.cli import main
+
+from nemo_muon.reporting import load_run
+
+REPO = Path(__file__).resolve().parents[1]
+HOSTILE = "; rm -rf ~ $(touch pwned1) `touch pwned2` \n touch pwned3"
+SECRET = "hf_e2e-s3cr3t-ABC"
+RECIPE = "tiny_kimi_k2_muon"
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    up = subprocess.run(["bash", str(REPO / "scripts" / "slurm_up.sh")], capture_output=True, text=True, timeout=300)
+    if up.returncode == 77:
+        pytest.skip(f"Slurm cannot be installed here: {up.stderr.strip()}")
+    assert up.returncode == 0, up.stdout + up.stderr
+    yield
+    subprocess.run(["bash", str(REPO / "scripts" / "slurm_down.sh")], capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> Path:
+    """A few stdlib modules as the training corpus (the whole stdlib takes ~30 s to tokenize)."""
+    folder = tmp_path_factory.mktemp("corpus")
+    for name in ("json/decoder.py", "json/encoder.py", "json/scanner.py", "textwrap.py", "shlex.py"):
+        src = Path(sys.base_prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / name
+        shutil.copy(src, folder / src.name)
+    return folder
+
+
+def _known_jobs() -> set[str]:
+    out = subprocess.run(["scontrol", "show", "jobs", "-o"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.startswith("JobId=")}
+
+
+def _launch(args: list[str], env: dict[str, str] | None = None):
+    return CliRunner(env=env).invoke(main, ["launch", "--recipe", RECIPE, "--executor", "slurm", "--no-container",
+                                            "--time", "00:05:00", *args])
+
+
+def test_tiny_recipe_trains_on_slurm_with_hostile_env_and_a_forwarded_secret(slurm_cluster, small_corpus, tmp_path,
+                                                                            monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    result = _launch(["--wait", "--wait-timeout", "240", "--json", "--env", f"NM_HOSTILE={HOSTILE}", "--env",
+                      "HF_TOKEN", "--env", f"NEMO_MUON_CORPUS_ROOT={small_corpus}", "trainer.max_steps=3",
+                      "trainer.eval_interval=3", f"logging.root={root}"], env={"HF_TOKEN": SECRET})
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info["state"] == "COMPLETED" and info["exit_code"] == 0
+    run_dir = root / RECIPE
+    run = load_run(run_dir)
+    assert [p.step for p in run.train] == [1, 2, 3] and run.val and run.world_size == 2
+    log = (run_dir / f"slurm-{info['job_id']}.out").read_text()
+    assert "[3/3" in log  # the training's progress lines went to the Slurm log
+    launched = json.loads((run_dir / "launch.json").read_text())
+    assert launched["env"]["NM_HOSTILE"] == HOSTILE and launched["slurm_job_id"] == info["job_id"]
+    assert launched["env"]["HF_TOKEN"] == "**** (set)"  # it reached the job ...
+    for f in run_dir.iterdir():  # ... and no file we or the job wrote holds its value
+        assert SECRET not in f.read_text(errors="replace"), f
+    assert SECRET not in result.output
+    for folder in (tmp_path, Path.home()):
+        assert not list(folder.glob("pwned*")) and not list(root.rglob("pwned*"))
+    report = CliRunner().invoke(main, ["report", str(run_dir), "--out", str(tmp_path / "report"), "--json"])
+    assert report.exit_code == 0, report.output
+    assert json.loads(report.stdout)["runs"][0]["last_step"] == 3
+
+
+def test_cancel_stops_a_submitted_job(slurm_cluster, tmp_path) -> None:
+    result = _launch(["--json", "trainer.max_steps=100000", f"logging.root={tmp_path}"])
+    assert result.exit_code == 0, result.output
+    job_id = json.loads(result.stdout)["job_id"]
+    assert slurm.is_queued(job_id)
+    cancelled = CliRunner().invoke(main, ["cancel", job_id])
+    assert cancelled.exit_code == 0, cancelled.output
+    state, _ = slurm.wait(job_id, timeout_s=30)
+    assert state == "CANCELLED"
+
+
+def test_bench_chains_the_baseline_after_the_muon_run(slurm_cluster, tmp_path) -> None:
+    result = CliRunner().invoke(main, ["bench", "--recipe", RECIPE, "--executor", "slurm", "--no-container",
+                                       "--no-wait", "--json", "--steps", "100000", f"logging.root={tmp_path}"])
+    assert result.exit_code == 0, result.output
+    first, second = json.loads(result.stdout)["runs"]
+    try:
+        assert (first["recipe"], second["recipe"]) == (RECIPE, "tiny_kimi_k2_adamw")
+        script = next((tmp_path / "tiny_kimi_k2_adamw").glob("*.sbatch")).read_text()
+        assert f"#SBATCH --dependency=afterany:{first['job_id']}" in script
+        assert slurm.job_state(second["job_id"])[0] == "PENDING"
+    finally:
+        for job in (second["job_id"], first["job_id"]):
+            slurm.cancel(job)
+
+
+def test_invalid_input_submits_nothing(slurm_cluster, tmp_path) -> None:
+    before = _known_jobs()
+    for args in (["--gpus-per-node", "3"], ["--mount", "relative:/x"], ["trainer.max_steps=x"], ["--recipe", "nope"],
+                 ["--env", "HF_TOKEN_UNSET_HERE"]):
+        result = _launch([*args, f"logging.root={tmp_path}"])
+        assert result.exit_code == 2, (args, result.output)
+    time.sleep(0.2)
+    assert _known_jobs() == before
+    assert not list(tmp_path.rglob("*.sbatch"))
