@@ -1,0 +1,87 @@
+"""`make demo` = `python -m nemo_muon.train.demo`: tiny Kimi K2 pretraining, layer-wise Muon vs AdamW, on a CPU.
+
+Runs the recipes ``tiny_<family>_muon`` and ``tiny_<family>_adamw`` back to back (same model init, data order and
+seed, 2 gloo ranks each), then writes ``reports/demo-<family>-<time>/`` (report.md, loss-vs-step and loss-vs-time
+PNGs) with `nemo_muon.reporting.write_report` and prints the table: final train/val loss, tokens/s, model and
+model+NS TFLOP/s, optimizer step share, and the step at which Muon reaches AdamW's final validation loss.
+Every number of the runs comes from the recipes (docs/cpu_pipeline.md); ``--steps`` is the only override.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from nemo_muon.config.recipe import TrainingRecipe
+
+FAMILIES = ("kimi_k2", "qwen3_moe")
+
+
+def demo_recipes(family: str, *, steps: int | None, runs_root: str, stamp: str) -> list[TrainingRecipe]:
+    """The Muon and AdamW recipes of the demo, named ``<recipe>-<stamp>`` under ``runs_root``."""
+    from nemo_muon.recipes import get_recipe
+
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")
+    recipes = []
+    for opt in ("muon", "adamw"):
+        r = get_recipe(f"tiny_{family}_{opt}")
+        if steps is not None:
+            r.trainer.max_steps = steps
+        r.logging.root = runs_root
+        r.logging.run_name = f"{r.name}-{stamp}"
+        if r.data.tokenizer_dir is None:  # one tokenizer cache for all demos, not one per run
+            r.data.tokenizer_dir = str(Path(runs_root) / "_cache")
+        r.validate()
+        recipes.append(r)
+    return recipes
+
+
+def run_demo(family: str = "kimi_k2", *, steps: int | None = None, runs_root: str = "runs",
+             reports_root: str = "reports", adjust: Callable[[TrainingRecipe], None] | None = None,
+             corpus_root: str | None = None) -> dict[str, Any]:
+    """Train both runs and write the report; returns {'report': path, 'table': text, 'runs': [summaries]}.
+
+    ``adjust`` may change the recipes before they run (tests shrink them); ``corpus_root`` replaces the stdlib.
+    """
+    from nemo_muon.reporting import render_table, write_report
+    from nemo_muon.train.loop import run_dir_of
+    from nemo_muon.train.spawn import launch_local
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    recipes = demo_recipes(family, steps=steps, runs_root=runs_root, stamp=stamp)
+    summaries = []
+    for r in recipes:
+        if adjust is not None:
+            adjust(r)
+            r.validate()
+        t = r.trainer
+        print(f"== {r.name}: {r.optimizer.name} (lr {r.optimizer.lr:g}), {r.world_size} gloo ranks, {t.max_steps} "
+              f"steps x {t.global_batch_size} x {t.seq_length} tokens -> {run_dir_of(r)}", flush=True)
+        summaries.append(launch_local(r, corpus_root=corpus_root))
+    run_dirs = [run_dir_of(r) for r in recipes]
+    out = Path(reports_root) / f"demo-{family}-{stamp}"
+    md = write_report(run_dirs, out)
+    table = render_table(run_dirs)
+    print("\n" + table)
+    print(f"report: {md}\nplots:  {out / 'loss_vs_step.png'}, {out / 'loss_vs_time.png'}")
+    return {"report": md, "table": table, "runs": summaries}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m nemo_muon.train.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=FAMILIES, default="kimi_k2", help="model family (default kimi_k2)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the recipe's)")
+    parser.add_argument("--runs-root", default="runs", help="where run folders go (default runs/)")
+    parser.add_argument("--reports-root", default="reports", help="where the report goes (default reports/)")
+    args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be an integer >= 1; got {args.steps}")
+    run_demo(args.family, steps=args.steps, runs_root=args.runs_root, reports_root=args.reports_root)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""`make demo` end to end at test size: both runs on 2 gloo ranks, report folder, printed table."""
+
+import pytest
+
+from nemo_muon.train.demo import demo_recipes, main, run_demo
+from tests.test_train_loop import small_corpus
+
+
+def _shrink(r):
+    r.trainer.max_steps, r.trainer.global_batch_size, r.trainer.micro_batch_size = 4, 8, 4
+    r.trainer.seq_length, r.trainer.eval_interval, r.trainer.eval_iters = 32, 2, 1
+    r.scheduler.warmup_steps = 1
+
+
+def test_demo_writes_report_and_prints_table(tmp_path, capsys):
+    out = run_demo("kimi_k2", runs_root=str(tmp_path / "runs"), reports_root=str(tmp_path / "reports"),
+                   adjust=_shrink, corpus_root=small_corpus(tmp_path / "corpus"))
+    printed = capsys.readouterr().out
+    report = out["report"]
+    assert report.parent.parent == tmp_path / "reports" and report.parent.name.startswith("demo-kimi_k2-")
+    text = report.read_text()
+    for run in ("tiny_kimi_k2_muon-", "tiny_kimi_k2_adamw-"):
+        assert run in text and run in printed
+    assert "Muon vs AdamW" in text and "final val loss" in printed
+    assert (report.parent / "loss_vs_step.png").is_file() and (report.parent / "loss_vs_time.png").is_file()
+    assert [s["end_step"] for s in out["runs"]] == [4, 4]
+    assert out["runs"][0]["losses"][1] == out["runs"][1]["losses"][1]  # same init, same first batch
+
+
+def test_demo_recipes_share_data_and_seed(tmp_path):
+    muon, adamw = demo_recipes("kimi_k2", steps=7, runs_root=str(tmp_path), stamp="x")
+    assert (muon.optimizer.name, adamw.optimizer.name) == ("muon", "adamw")
+    assert muon.trainer == adamw.trainer and muon.data == adamw.data and muon.model == adamw.model
+    assert muon.trainer.max_steps == 7 and muon.logging.run_name == "tiny_kimi_k2_muon-x"
+    with pytest.raises(ValueError, match=r"family must be one of \('kimi_k2', 'qwen3_moe'\); got 'llama'"):
+        demo_recipes("llama", steps=None, runs_root=str(tmp_path), stamp="x")
+
+
+def test_demo_cli_rejects_bad_steps(capsys):
+    with pytest.raises(SystemExit):
+        main(["--steps", "0"])
+    assert "--steps must be an integer >= 1; got 0" in capsys.readouterr().err
