@@ -117,3 +117,15 @@ def test_cli_imports_no_torch() -> None:
             "'x', '--dry-run']); assert r.exit_code == 0, r.output; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_bench_dry_run_prints_muon_then_its_baseline_on_the_same_layout(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["bench", "--recipe", "kimi_k2_muon_bf16", "--executor", "slurm", "--image",
+                                       IMAGE, "--steps", "20", "--dry-run", f"logging.root={tmp_path}"])
+    assert result.exit_code == 0, result.output
+    first, second = result.stdout.split("# then (after it, on the same layout):")
+    assert "--recipe kimi_k2_muon_bf16" in first and "--recipe kimi_k2_adamw_bf16" in second
+    for part in (first, second):
+        assert "#SBATCH --nodes=64" in part and "trainer.max_steps=20" in part
+    bad = CliRunner().invoke(main, ["bench", "--recipe", "kimi_k2_adamw", "--dry-run"])
+    assert bad.exit_code == 2 and "must name a Muon or SOAP recipe" in bad.output

@@ -1,0 +1,81 @@
+"""`nemo-muon doctor`: real facts of this machine, judged against the pinned table; each finding has a fix."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+
+from click.testing import CliRunner
+from nemo_muon.launchers.cli import main
+from nemo_muon.launchers.doctor import Facts, evaluate
+
+from nemo_muon.versions import get_release
+
+
+def _doctor(*args: str, env: dict[str, str] | None = None):
+    return CliRunner(env=env).invoke(main, ["doctor", *args])
+
+
+def test_doctor_json_reports_this_machine_against_the_release(monkeypatch) -> None:
+    result = _doctor("--json", env={"NEMO_MUON_RELEASE": "26.02", "HF_TOKEN": "doctor-secret-1", "NCCL_DEBUG": "WARN"})
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["release"] == "26.02"
+    checks = {c["name"]: c for c in data["checks"]}
+    assert checks["python"]["status"] == "ok"
+    mcore = importlib.metadata.version("megatron-core")
+    expected = "ok" if mcore.startswith("0.16.0") else "warn"  # 26.02 pins megatron-core 0.16.0
+    assert checks["megatron-core"]["status"] == expected and mcore in checks["megatron-core"]["detail"]
+    assert checks["emerging-optimizers"]["status"] == "ok"  # 0.3.0 is pinned and installed
+    for c in data["checks"]:
+        assert c["status"] in ("ok", "warn", "fail")
+        assert c["status"] == "ok" or c["fix"], c
+    assert "doctor-secret-1" not in result.output and data["facts"]["env"]["HF_TOKEN"] == "****"
+    assert data["facts"]["env"]["NCCL_DEBUG"] == "WARN"
+
+
+def test_doctor_text_lists_every_item_with_its_status() -> None:
+    result = _doctor()
+    assert result.exit_code == 0, result.output
+    for name in ("python", "torch", "transformer-engine", "megatron-core", "megatron-bridge", "nemo-toolkit",
+                 "nemo-run", "emerging-optimizers", "triton", "gpus", "triton/syrk", "env"):
+        assert f"] {name} " in result.output, name
+
+
+def test_unknown_release_is_a_usage_error() -> None:
+    result = _doctor(env={"NEMO_MUON_RELEASE": "99.99"})
+    assert result.exit_code == 2 and "'99.99'" in result.output
+
+
+def test_recipe_env_comparison_names_the_missing_variables() -> None:
+    result = _doctor("--json", "--recipe", "kimi_k2_muon", env={"NCCL_NVLS_ENABLE": "0"})
+    env_check = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "env")
+    assert env_check["status"] == "warn" and "CUDA_DEVICE_MAX_CONNECTIONS" in env_check["detail"]
+    assert "NCCL_NVLS_ENABLE," not in env_check["detail"]
+
+
+def _facts(**kw) -> Facts:
+    rel = get_release("26.02")
+    dists = {**{d: v for d, v in rel.expected_distributions().items()}, "emerging-optimizers": "0.3.0",
+             "triton": "3.4.0"}
+    base = dict(python="3.12.3", distributions=dists, cuda="13.0", cuda_available=True, nccl="2.27.3",
+                gpus=[{"name": "NVIDIA GB300", "capability": [10, 3], "memory_gb": 279.0}] * 4)
+    base.update(kw)
+    return Facts(**base)
+
+
+def test_container_like_facts_are_all_ok() -> None:
+    checks = evaluate(_facts(), get_release("26.02"))
+    assert {c.name: c.status for c in checks if c.status != "ok"} == {}
+    assert next(c for c in checks if c.name == "gpus").detail == "4 x NVIDIA GB300"
+
+
+def test_old_python_missing_torch_and_unsupported_syrk_gpu_are_flagged() -> None:
+    facts = _facts(python="3.11.9", gpus=[{"name": "T4", "capability": [7, 5], "memory_gb": 15.0}])
+    facts.distributions["torch"] = None
+    facts.distributions["triton"] = "3.2.0"
+    status = {c.name: c.status for c in evaluate(facts, get_release("26.02"))}
+    assert status["python"] == "fail" and status["torch"] == "fail" and status["triton/syrk"] == "warn"
+    facts = _facts(gpus=[{"name": "T4", "capability": [7, 5], "memory_gb": 15.0}])
+    syrk = next(c for c in evaluate(facts, get_release("26.02")) if c.name == "triton/syrk")
+    assert syrk.status == "warn" and "(7, 5)" in syrk.detail
