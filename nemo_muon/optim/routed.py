@@ -2,7 +2,8 @@
 non-finite gradient policy, and optional fp32 master weights for bf16/fp16 parameters.
 
 Subclasses implement ``_matrix_updates(items)``: given the matrix-routed parameters that have gradients (each as a
-``MatrixItem``), return one fp32 update per item (the step is then ``p <- p·(1 - lr·wd) - lr·update``).
+``MatrixItem``), return one fp32 update per item (the step is then ``p <- p·(1 - lr·wd) - lr·update``), or None for
+an item that only built its state this step.
 """
 
 from __future__ import annotations
@@ -171,6 +172,8 @@ class RoutedOptimizer(torch.optim.Optimizer):
                     matrix_items.append(MatrixItem(p, grad, state, group, route, self._names[p]))
         if matrix_items:
             for item, update in zip(matrix_items, self._matrix_updates(matrix_items), strict=True):
+                if update is None:  # the subclass only built state this step (SOAP's first step)
+                    continue
                 self._apply(item.param, item.state, update, item.group["lr"], item.group["weight_decay"])
         return loss
 

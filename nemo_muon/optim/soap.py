@@ -2,14 +2,17 @@
 1-D params, embeddings and the head (the routing rule of ``nemo_muon.optim.routing``).
 
 Per matrix-routed parameter G (2-D, or a 3-D expert stack: every expert its own factors, batched):
-    first step: L = G·Gᵀ, R = Gᵀ·G, Q_L, Q_R = eigenvectors (torch.linalg.eigh, by decreasing eigenvalue)
-    G' = Q_Lᵀ G Q_R;  m <- m.lerp(G, 1-β1) (original basis);  v <- β2 v + (1-β2) G'² (eigenbasis)
-    update = Q_L [ (Q_Lᵀ m Q_R / (1-β1^t)) / (sqrt(v / (1-β2^t)) + eps) ] Q_Rᵀ;  p <- p·(1 - lr·wd) - lr·update
+    first step: L = G·Gᵀ, R = Gᵀ·G, Q_L, Q_R = eigenvectors (torch.linalg.eigh, by decreasing eigenvalue), and no
+    weight update (as in the SOAP reference code): in the eigenbasis of its own factors G is diagonal, and Adam's
+    elementwise m/sqrt(v) would turn float rounding noise off the diagonal into ±1 entries.
+    later steps (t counts them from 1): G' = Q_Lᵀ G Q_R;  m <- m.lerp(G', 1-β1);  v <- β2 v + (1-β2) G'²
+    (both moments live in the eigenbasis, so m/sqrt(v) is computed from one rotation of G and stays bounded)
+    update = Q_L [ (m / (1-β1^t)) / (sqrt(v / (1-β2^t)) + eps) ] Q_Rᵀ;  p <- p·(1 - lr·wd) - lr·update
     L <- L.lerp(G·Gᵀ, 1-shampoo_beta); R likewise
     every ``precondition_frequency`` steps: refresh Q by one power-iteration step + QR (Q <- qr(L·Q)), after sorting
-    Q's columns by the estimated eigenvalues diag(Qᵀ L Q) and permuting v to match.
-Differences from the paper's reference code: the first step already updates the weights (no silent skipped step), and
-``precondition_frequency`` is honoured (emerging-optimizers 0.3.0 refreshes every step; Megatron-Core drops the field).
+    Q's columns by the estimated eigenvalues diag(Qᵀ L Q) and permuting v to match; m is rotated into the new basis.
+``precondition_frequency`` is honoured (emerging-optimizers 0.3.0 refreshes every step; Megatron-Core drops the
+field); the AdamW-routed params do update on the first step.
 Tensor parallelism: with ``tp_group`` set, a Megatron-style TP shard (``tensor_model_parallel``, ``partition_dim``) is
 gathered, preconditioned as the full matrix (state is full-size on every TP rank) and the own slice of the update is
 applied, so results do not depend on the TP size (a row-sharded fused [gate; up] is regrouped into its global
@@ -110,32 +113,30 @@ class SOAP(RoutedOptimizer):
         return updates
 
     @staticmethod
-    def _soap_direction(g: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> torch.Tensor:
+    def _soap_direction(g: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> torch.Tensor | None:
         b1, b2 = group["betas"]
         gg_l, gg_r = g @ g.mT, g.mT @ g
-        if "L" not in state:
+        if "L" not in state:  # first step: build the preconditioner only (see the module docstring)
             state["step"] = torch.tensor(0.0)
             state["L"], state["R"] = gg_l, gg_r
             state["Q_L"], state["Q_R"] = _eigenbasis(gg_l), _eigenbasis(gg_r)
             state["exp_avg"] = torch.zeros_like(g)
             state["exp_avg_sq"] = torch.zeros_like(g)
-            fresh = True
-        else:
-            fresh = False
+            return None
         state["step"] += 1
         t = int(state["step"].item())
         q_l, q_r = state["Q_L"], state["Q_R"]
         g_rot = q_l.mT @ g @ q_r
-        state["exp_avg"].lerp_(g, 1 - b1)
+        state["exp_avg"].lerp_(g_rot, 1 - b1)
         state["exp_avg_sq"].mul_(b2).addcmul_(g_rot, g_rot, value=1 - b2)
-        m_rot = q_l.mT @ state["exp_avg"] @ q_r / (1 - b1**t)
         denom = (state["exp_avg_sq"] / (1 - b2**t)).sqrt_().add_(group["eps"])
-        update = q_l @ (m_rot / denom) @ q_r.mT
-        if not fresh:
-            sb = group["shampoo_beta"]
-            state["L"].lerp_(gg_l, 1 - sb)
-            state["R"].lerp_(gg_r, 1 - sb)
-            if t % group["precondition_frequency"] == 0:
-                state["Q_L"], state["exp_avg_sq"] = _refresh(state["L"], q_l, state["exp_avg_sq"], -2)
-                state["Q_R"], state["exp_avg_sq"] = _refresh(state["R"], q_r, state["exp_avg_sq"], -1)
+        update = q_l @ (state["exp_avg"] / (1 - b1**t) / denom) @ q_r.mT
+        sb = group["shampoo_beta"]
+        state["L"].lerp_(gg_l, 1 - sb)
+        state["R"].lerp_(gg_r, 1 - sb)
+        if t % group["precondition_frequency"] == 0:
+            new_l, state["exp_avg_sq"] = _refresh(state["L"], q_l, state["exp_avg_sq"], -2)
+            new_r, state["exp_avg_sq"] = _refresh(state["R"], q_r, state["exp_avg_sq"], -1)
+            state["exp_avg"] = (new_l.mT @ q_l) @ state["exp_avg"] @ (q_r.mT @ new_r)
+            state["Q_L"], state["Q_R"] = new_l, new_r
         return update
