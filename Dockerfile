@@ -20,8 +20,11 @@ COPY pyproject.toml README.md ./
 COPY nemo_muon ./nemo_muon
 COPY recipes ./recipes
 COPY launchers ./launchers
+# Building the wheel ignores the base's pip constraints (NGC sets PIP_CONSTRAINT; its pins would also bind the
+# isolated build backend, e.g. an older setuptools): this stage is thrown away, the runtime stage keeps them.
 # PIP_BREAK_SYSTEM_PACKAGES: a base whose system Python is marked externally managed (PEP 668) is still ours to extend.
-RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip wheel --no-deps --no-cache-dir --quiet --wheel-dir /wheels . \
+RUN env -u PIP_CONSTRAINT PIP_BREAK_SYSTEM_PACKAGES=1 \
+      python3 -m pip wheel --no-deps --no-cache-dir --quiet --wheel-dir /wheels . \
  && PYTHONPATH=/src python3 -m nemo_muon.versions extras "${NEMO_MUON_RELEASE}" > /wheels/extras.txt
 
 # ---- runtime: the base image plus our layer ----

@@ -250,6 +250,7 @@ def test_image_labels_env_and_healthcheck(image, standin):
     assert labels["org.opencontainers.image.source"] and labels["org.opencontainers.image.revision"] != ""
     env = dict(e.split("=", 1) for e in info["Config"]["Env"])
     assert env["NEMO_MUON_RELEASE"] == DEFAULT_RELEASE
+    assert env["PIP_CONSTRAINT"] == "/etc/pip/constraint.txt"  # the base's pip constraints stay in force
     assert _image_default_env().items() <= env.items()
     assert info["Healthcheck"]["Test"] == ["CMD", "nemo-muon", "doctor"]
 
