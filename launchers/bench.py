@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 import click
 from nemo_muon.launchers.job import LaunchError, build_plan
 from nemo_muon.launchers.launch import execute, launch_options, options_from_cli, usage_error
+from nemo_muon.launchers.secrets import mask_text, secret_values
 
 _OPT = re.compile(r"(muon|soap)")
 
@@ -43,7 +45,7 @@ def bench(recipe: str, executor: str | None, cluster: str | None, profiles: str 
                                     time_, image, container, mount, env, extra)
             plans.append(build_plan(opts))
     except LaunchError as e:
-        raise usage_error(e) from None
+        raise usage_error(e, env) from None
     first, second = plans
     out = out or first.run_dir.parent / f"bench-{recipe}"
     if dry_run:
@@ -63,9 +65,9 @@ def bench(recipe: str, executor: str | None, cluster: str | None, profiles: str 
             second = build_plan(opts)
         results.append(execute(second, wait=wait, progress=not as_json))
     except LaunchError as e:
-        raise usage_error(e, first.secrets) from None
+        raise usage_error(e, env) from None
     except (RuntimeError, TimeoutError, OSError) as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(mask_text(str(e), secret_values(os.environ, env))) from None
     summary = {"runs": [{"recipe": p.recipe_name, "run_dir": str(p.run_dir), "job_id": r.job_id, "state": r.state,
                          "exit_code": r.exit_code} for p, r in zip(plans, results, strict=True)]}
     if wait and all(r.ok for r in results):

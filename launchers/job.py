@@ -17,6 +17,7 @@ from typing import Any
 
 from nemo_muon.launchers.docker import docker_argv
 from nemo_muon.launchers.profiles import EXECUTORS, ClusterProfile, get_profile
+from nemo_muon.launchers.run_recipe import LAUNCH_ENV_VAR
 from nemo_muon.launchers.secrets import MASK, is_secret_name, split_secrets
 from nemo_muon.launchers.slurm import SlurmJob, render_sbatch, sbatch_argv
 
@@ -221,7 +222,8 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
                           f"{str(run_dir)!r} already holds metrics.jsonl")
     env_all = {**recipe.env, **(profile.env if profile else {}), **parse_env(opts.env, environ)}
     plain, secrets = split_secrets(env_all)
-    plain["NEMO_MUON_LAUNCH_ENV"] = ",".join([*plain, *secrets])
+    if plain or secrets:  # the job records these names (values of secrets masked) in launch.json
+        plain[LAUNCH_ENV_VAR] = ",".join([*plain, *secrets])
     nodes, gpn = recipe.system.num_nodes, recipe.system.gpus_per_node
     job_args = ["-m", ENTRY_MODULE, "--recipe", opts.recipe, *overrides]
     image = _pick(opts.image, profile, "image")

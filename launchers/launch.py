@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import Any
 
 import click
 from nemo_muon.launchers.job import LaunchError, LaunchOptions, LaunchPlan, build_plan
-from nemo_muon.launchers.secrets import mask_text
+from nemo_muon.launchers.secrets import mask_text, secret_values
 
 
 @dataclass(kw_only=True)
@@ -106,9 +107,9 @@ def launch_options(fn: Any) -> Any:
     return fn
 
 
-def usage_error(e: Exception, secrets: dict[str, str] | None = None) -> click.UsageError:
-    """A usage error (exit 2) with secret values masked."""
-    return click.UsageError(mask_text(str(e), (secrets or {}).values()))
+def usage_error(e: Exception, env_items: tuple[str, ...] = ()) -> click.UsageError:
+    """A usage error (exit 2) with every secret value (environment and --env) masked."""
+    return click.UsageError(mask_text(str(e), secret_values(os.environ, env_items)))
 
 
 @click.command("launch")
@@ -128,7 +129,7 @@ def launch(recipe: str, executor: str | None, cluster: str | None, profiles: str
     try:
         plan = build_plan(opts)
     except LaunchError as e:
-        raise usage_error(e) from None
+        raise usage_error(e, env) from None
     if dry_run:
         click.echo(json.dumps({**plan.as_json(), "dry_run": True}, indent=2) if as_json else plan.describe(), nl=False)
         return
@@ -137,9 +138,9 @@ def launch(recipe: str, executor: str | None, cluster: str | None, profiles: str
     try:
         result = execute(plan, wait=wait, timeout_s=wait_timeout, progress=not as_json)
     except LaunchError as e:
-        raise usage_error(e, plan.secrets) from None
+        raise usage_error(e, env) from None
     except (RuntimeError, TimeoutError, OSError) as e:
-        raise click.ClickException(mask_text(str(e), plan.secrets.values())) from None
+        raise click.ClickException(mask_text(str(e), [*plan.secrets.values(), *secret_values(os.environ, env)])) from None
     if as_json:
         click.echo(json.dumps({**plan.as_json(), "dry_run": False, "job_id": result.job_id, "state": result.state,
                                "exit_code": result.exit_code}, indent=2))

@@ -35,3 +35,13 @@ def mask_text(text: str, secret_values: Iterable[str]) -> str:
     for value in sorted({v for v in secret_values if v}, key=len, reverse=True):
         text = text.replace(value, MASK)
     return text
+
+
+def secret_values(environ: Mapping[str, str], env_items: Iterable[str] = ()) -> list[str]:
+    """Values to mask: secret-looking variables of ``environ`` and of ``NAME=value`` items from the command line."""
+    values = [v for k, v in environ.items() if is_secret_name(k)]
+    for item in env_items:
+        name, sep, value = item.partition("=")
+        if sep and is_secret_name(name):
+            values.append(value)
+    return values

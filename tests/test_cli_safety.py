@@ -118,3 +118,9 @@ def test_invalid_input_is_a_usage_error_that_writes_nothing(tmp_path: Path, args
     assert "Traceback" not in result.output
     assert not (tmp_path / "runs").exists()
     _no_pwned(tmp_path)
+
+
+def test_secret_values_are_masked_in_usage_errors() -> None:
+    result = _invoke(["launch", "--recipe", "kimi_k2_muon", "--dry-run", "--env", f"BAD NAME_TOKEN={SECRET}"])
+    assert result.exit_code == 2 and "--env must be NAME=value" in result.output
+    assert SECRET not in result.output and "****" in result.output
