@@ -129,3 +129,16 @@ def test_bench_dry_run_prints_muon_then_its_baseline_on_the_same_layout(tmp_path
         assert "#SBATCH --nodes=64" in part and "trainer.max_steps=20" in part
     bad = CliRunner().invoke(main, ["bench", "--recipe", "kimi_k2_adamw", "--dry-run"])
     assert bad.exit_code == 2 and "must name a Muon or SOAP recipe" in bad.output
+
+
+def test_job_entry_takes_ranks_from_slurm_tasks_and_records_masked_env() -> None:
+    from nemo_muon.launchers.run_recipe import launch_record, rank_env_from_slurm
+
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}
+    rank_env_from_slurm(env)
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("5", "8", "1")
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+    rank_env_from_slurm(torchrun)
+    assert torchrun["WORLD_SIZE"] == "2"  # torchrun's variables win
+    record = launch_record("r", ["a=b"], {"NEMO_MUON_LAUNCH_ENV": "X,HF_TOKEN,MISSING", "X": "1", "HF_TOKEN": "s"})
+    assert record["env"] == {"X": "1", "HF_TOKEN": "**** (set)", "MISSING": None}
