@@ -79,10 +79,21 @@ def options_from_cli(recipe: str, executor: str | None, cluster: str | None, pro
                          container=container, mounts=list(mount), env=list(env), overrides=list(overrides))
 
 
+def _print_recipes(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from nemo_muon.recipes import list_recipes
+
+    click.echo("\n".join(list_recipes()))
+    ctx.exit(0)
+
+
 def launch_options(fn: Any) -> Any:
     """The options launch and bench share (defaults: from the cluster profile, else from the recipe)."""
     decorators = [
-        click.option("--recipe", required=True, help="Recipe name (nemo-muon recipes lists them)."),
+        click.option("--list", is_flag=True, is_eager=True, expose_value=False, callback=_print_recipes,
+                     help="List the recipe names and exit."),
+        click.option("--recipe", required=True, help="Recipe name (--list shows them)."),
         click.option("--executor", type=click.Choice(["local", "slurm", "docker"]), default=None,
                      help="Where to run [default: the cluster profile's, else local]."),
         click.option("--cluster", default=None, help="Cluster profile name from the profiles file."),

@@ -142,3 +142,11 @@ def test_job_entry_takes_ranks_from_slurm_tasks_and_records_masked_env() -> None
     assert torchrun["WORLD_SIZE"] == "2"  # torchrun's variables win
     record = launch_record("r", ["a=b"], {"NEMO_MUON_LAUNCH_ENV": "X,HF_TOKEN,MISSING", "X": "1", "HF_TOKEN": "s"})
     assert record["env"] == {"X": "1", "HF_TOKEN": "**** (set)", "MISSING": None}
+
+
+def test_list_prints_every_recipe() -> None:
+    from nemo_muon.recipes import list_recipes
+
+    for cmd in (["launch", "--list"], ["bench", "--list"], ["recipes"]):
+        result = CliRunner().invoke(main, cmd)
+        assert result.exit_code == 0 and result.stdout.split() == list_recipes(), cmd
