@@ -15,8 +15,8 @@ from dataclasses import asdict
 
 def main() -> int:
     import torch
-
     from nemo_muon.launchers.doctor import collect_facts, evaluate
+
     from nemo_muon.versions import current_release
 
     facts = collect_facts()
