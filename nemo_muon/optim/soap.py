@@ -98,12 +98,12 @@ class SOAP(RoutedOptimizer):
             return torch.cat([g for g, _ in pairs] + [u for _, u in pairs], dim=-2), pdim, True
         return torch.cat(shards, dim=pdim), pdim, False
 
-    def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
-        updates = []
+    def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor | None]:
+        updates: list[torch.Tensor | None] = []
         for it in items:
             grad, pdim, halves = self._full_grad(it)
             update = self._soap_direction(grad, it.state, it.group)
-            if pdim is not None:
+            if update is not None and pdim is not None:
                 world, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
                 if halves:
                     update = torch.cat([h.chunk(world, dim=-2)[rank] for h in update.chunk(2, dim=-2)], dim=-2)
