@@ -7,9 +7,9 @@ Skips only where slurm-wlm/munge cannot be installed (slurm_up.sh exit 77: not r
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -40,9 +40,9 @@ def slurm_cluster():
 def small_corpus(tmp_path_factory) -> Path:
     """A few stdlib modules as the training corpus (the whole stdlib takes ~30 s to tokenize)."""
     folder = tmp_path_factory.mktemp("corpus")
+    stdlib = Path(shlex.__file__).parent
     for name in ("json/decoder.py", "json/encoder.py", "json/scanner.py", "textwrap.py", "shlex.py"):
-        src = Path(sys.base_prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / name
-        shutil.copy(src, folder / src.name)
+        shutil.copy(stdlib / name, folder / Path(name).name)
     return folder
 
 
