@@ -31,8 +31,9 @@ def _normalize(name: str) -> str:
 
 
 def installed() -> dict[str, str]:
-    """Normalized distribution name -> version, read by a fresh interpreter (no stale metadata cache)."""
-    out = subprocess.run([sys.executable, "-c", _SNAPSHOT], check=True, capture_output=True, text=True).stdout
+    """Normalized distribution name -> version, read by a fresh interpreter (no stale metadata cache; ``-P``: the
+    working directory is not on sys.path, so a source checkout there is not mistaken for an installed package)."""
+    out = subprocess.run([sys.executable, "-P", "-c", _SNAPSHOT], check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
 

@@ -175,6 +175,46 @@ def test_enroot_import_rejects_other_schemes():
     assert r.returncode == 2 and "SOURCE must be docker://, dockerd://, podman:// or a local image name" in r.stderr
 
 
+def _fake_wheel(directory: Path, name: str, version: str) -> Path:
+    """A minimal valid wheel with one module (enough for pip; no build backend needed)."""
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}_probe.py": "VALUE = 1\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist}/RECORD"] = "".join(f"{k},,\n" for k in files) + f"{dist}/RECORD,,\n"
+    path = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for k, v in files.items():
+            zf.writestr(k, v)
+    return path
+
+
+def test_install_into_base_adds_wheel_and_missing_extras_and_keeps_base_versions(tmp_path):
+    """Run the installer for real in a fresh venv (the 'base'): its pip is kept although the list pins another."""
+    venv = tmp_path / "base"
+    _sh([sys.executable, "-m", "venv", str(venv)], timeout=120)
+    py = str(venv / "bin" / "python")
+    base_pip = _sh([py, "-c", "import importlib.metadata as m; print(m.version('pip'))"]).stdout.strip()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _fake_wheel(wheels, "nemo_muon", "9.9.9")
+    extras = _fake_wheel(tmp_path, "nm_extra_probe", "1.2.3")
+    reqs = tmp_path / "extras.txt"
+    reqs.write_text("pip==0.0.1\nnm-extra-probe==1.2.3\n")
+    env = {**os.environ, "PIP_FIND_LINKS": str(extras.parent), "PIP_NO_INDEX": "1"}
+    r = subprocess.run([py, str(ROOT / "containers" / "install_into_base.py"), "--wheel-dir", str(wheels),
+                        "--requirements", str(reqs)], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"base provides pip {base_pip} (the table pins 0.0.1; the base's version is kept)" in r.stdout
+    assert "added nemo-muon 9.9.9, nm-extra-probe 1.2.3;" in r.stdout
+    got = _sh([py, "-P", "-c", "import importlib.metadata as m; print(m.version('pip'), m.version('nemo-muon'))"]).stdout
+    assert got.split() == [base_pip, "9.9.9"]
+
+
 # ---------------------------------------------------------------- live build on a stand-in base
 
 
