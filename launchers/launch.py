@@ -36,7 +36,8 @@ def _progress(job_id: str) -> Any:
 def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = None, progress: bool = True) -> LaunchResult:
     """Run or submit the plan. Local/docker runs block; Slurm waits (polling squeue at 0.5 s) only if ``wait``.
 
-    Ctrl-C while waiting on a Slurm job cancels it (scancel) before returning.
+    Ctrl-C while waiting on a Slurm job cancels it (scancel) before returning. Without ``progress`` (``--json``),
+    a local/docker run's output goes to stderr so stdout stays machine-readable.
     """
     from nemo_muon.launchers import slurm
 
@@ -47,7 +48,7 @@ def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = No
                 raise LaunchError(f"a {plan.recipe.system.num_nodes}-node docker run needs {missing} set on each "
                                   "node (PET_NODE_RANK=0..N-1, PET_MASTER_ADDR=<node 0>); got them unset")
         plan.run_dir.mkdir(parents=True, exist_ok=True)
-        code = subprocess.run(plan.argv, env=plan.process_env(), check=False).returncode
+        code = subprocess.run(plan.argv, env=plan.process_env(), stdout=None if progress else 2, check=False).returncode
         return LaunchResult(exit_code=code)
     assert plan.script_path is not None
     plan.run_dir.mkdir(parents=True, exist_ok=True)
