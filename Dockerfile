@@ -62,8 +62,11 @@ RUN chmod 0755 /opt/nemo-muon/entrypoint.sh \
       --wheel-dir /tmp/nemo-muon-wheels --requirements /tmp/nemo-muon-wheels/extras.txt \
  && rm -rf /tmp/nemo-muon-wheels
 
-# Health: versions of the stack against the table, GPUs, imports (exit code != 0 on a broken install).
-HEALTHCHECK --interval=10m --timeout=2m --start-period=1m --retries=1 CMD ["nemo-muon", "doctor"]
+# Health: Python, torch and the stack's versions against the release (exit code 1 on a broken install). GPUs are
+# hidden from the periodic check so that it never touches a running job's devices; `nemo-muon doctor` run by hand
+# checks them too.
+HEALTHCHECK --interval=10m --timeout=2m --start-period=1m --retries=1 \
+  CMD ["env", "CUDA_VISIBLE_DEVICES=", "nemo-muon", "doctor"]
 
 # Runs any command (`nemo llm pretrain ...`, `nemo-muon ...`, `torchrun ...`), through the NGC entrypoint if any.
 ENTRYPOINT ["/opt/nemo-muon/entrypoint.sh"]

@@ -292,12 +292,12 @@ def test_image_labels_env_and_healthcheck(image, standin):
     assert env["NEMO_MUON_RELEASE"] == DEFAULT_RELEASE
     assert env["PIP_CONSTRAINT"] == "/etc/pip/constraint.txt"  # the base's pip constraints stay in force
     assert _image_default_env().items() <= env.items()
-    assert info["Healthcheck"]["Test"] == ["CMD", "nemo-muon", "doctor"]
+    assert info["Healthcheck"]["Test"] == ["CMD", "env", "CUDA_VISIBLE_DEVICES=", "nemo-muon", "doctor"]
 
 
 def test_doctor_in_the_image_judges_the_image_release(image):
     tag, _ = image
-    r = _run(tag, "nemo-muon", "doctor", "--json", check=False)
+    r = _run(tag, "env", "CUDA_VISIBLE_DEVICES=", "nemo-muon", "doctor", "--json", check=False)  # as the health check
     report = json.loads(r.stdout)
     checks = {c["name"]: c for c in report["checks"]}
     assert report["release"] == DEFAULT_RELEASE
