@@ -29,7 +29,7 @@ from nemo_muon.megatron.bridge import (
     bridge_recipe_kwargs,
     pipeline_layout,
 )
-from tests.test_megatron_optimizer_config import MCORE_016, install_no_deps, run_with_path
+from tests.test_megatron_optimizer_config import mcore016_report
 
 MEGATRON_RECIPES = [n for n in list_recipes() if get_recipe(n).backend == "megatron"]
 RECIPE_KWARGS_CLASS = {"kimi_k2": "KimiK2CommonKwargs", "qwen3_30b_a3b": "Qwen3MoeCommonKwargs"}
@@ -72,16 +72,8 @@ def classes(bridge_src) -> dict[str, tuple[set[str], list[str]]]:
 
 @pytest.fixture(scope="module")
 def mcore016_fields() -> dict[str, set[str]]:
-    code = """
-import dataclasses, json
-from megatron.core.transformer.transformer_config import TransformerConfig
-from megatron.core.distributed import DistributedDataParallelConfig
-from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
-from megatron.core.optimizer import OptimizerConfig
-print(json.dumps({c.__name__: [f.name for f in dataclasses.fields(c)] for c in
-                  (TransformerConfig, DistributedDataParallelConfig, GPTDatasetConfig, OptimizerConfig)}))
-"""
-    return {k: set(v) for k, v in run_with_path(install_no_deps(f"megatron-core=={MCORE_016}"), code).items()}
+    """Field names of megatron-core 0.16.1's TransformerConfig, DDP config, GPTDatasetConfig and OptimizerConfig."""
+    return {k: set(v) for k, v in mcore016_report()["fields"].items()}
 
 
 def _fields(classes, name: str, seen: frozenset = frozenset()) -> set[str]:

@@ -6,6 +6,7 @@ that dir first on sys.path (its OptimizerConfig imports on CPU with the venv's t
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -121,7 +122,10 @@ def test_unhonourable_settings_are_refused(opt, match):
 _CHECK_016 = """
 import dataclasses, json
 import megatron.core
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
+from megatron.core.transformer.transformer_config import TransformerConfig
 from nemo_muon.config.optimizer import MuonConfig, SoapConfig
 from nemo_muon.megatron.optimizer_config import megatron_optimizer_spec
 fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
@@ -139,12 +143,20 @@ print(json.dumps({"version": megatron.core.__version__, "api": spec.api, "builde
                   "use_distributed_optimizer": cfg.use_distributed_optimizer,
                   "momentum": cfg.muon_momentum, "nesterov": cfg.muon_use_nesterov,
                   "default_nesterov": OptimizerConfig().muon_use_nesterov, "tp_mode": cfg.muon_tp_mode,
-                  "weight_decay": cfg.weight_decay, "errors": errors}))
+                  "weight_decay": cfg.weight_decay, "errors": errors,
+                  "fields": {c.__name__: [f.name for f in dataclasses.fields(c)] for c in
+                             (TransformerConfig, DistributedDataParallelConfig, GPTDatasetConfig, OptimizerConfig)}}))
 """
 
 
+@functools.cache
+def mcore016_report() -> dict:
+    """One subprocess with megatron-core 0.16.1 first on sys.path: our 0.16 mapping and its dataclass fields."""
+    return run_with_path(install_no_deps(f"megatron-core=={MCORE_016}"), _CHECK_016)
+
+
 def test_muon_maps_to_real_016_config():
-    result = run_with_path(install_no_deps(f"megatron-core=={MCORE_016}"), _CHECK_016)
+    result = mcore016_report()
     assert result["version"] == MCORE_016
     assert (result["api"], result["builder"], result["bridge"]) == ("0.16", "get_megatron_muon_optimizer", "dist_muon")
     assert (result["optimizer"], result["use_distributed_optimizer"]) == ("dist_muon", False)

@@ -46,17 +46,13 @@ def nemo(args: list[str], *, pythonpath: list[str], home: Path, timeout: int = 2
     return subprocess.run([NEMO, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_dryrun_shows_the_layout_and_bad_overrides_fail_cleanly(llm_entry_point_path, tmp_path):
+def test_nemo_llm_pretrain_dryrun_shows_the_layout(llm_entry_point_path, tmp_path):
     ok = nemo(["llm", "pretrain", "--factory", "kimi_k2_muon", "optim.lr=1e-4", "--dryrun", "--yes"],
               pythonpath=[llm_entry_point_path], home=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert ("kimi_k2_muon: 256 x gb300 (64 nodes x 4), TP1 PP4 VP4 CP1 EP64 ETP1 DP64, GBS 4096 MBS 2 seq 4096"
             in ok.stdout)
     assert "lr: 0.0001" in ok.stdout and "tp_mode: duplicated" in ok.stdout and "Couldn't load" not in ok.stdout
-    bad = nemo(["llm", "pretrain", "--factory", "kimi_k2_muon", "optim.lrr=1", "--dryrun", "--yes"],
-               pythonpath=[llm_entry_point_path], home=tmp_path)
-    assert bad.returncode != 0 and "Traceback" not in bad.stdout + bad.stderr
-    assert "Error: override key 'optim.lrr' is unknown" in bad.stderr and "'weight_decay'" in bad.stderr
 
 
 def test_every_factory_dryruns_in_process(llm_entry_point_path, monkeypatch, tmp_path):
@@ -71,9 +67,13 @@ def test_every_factory_dryruns_in_process(llm_entry_point_path, monkeypatch, tmp
         result = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", name, "--dryrun", "--yes"])
         assert result.exit_code == 0, (name, result.output[-2000:])
         assert f"# {name}: " in result.output and f"name: {name}" in result.output
-    bad = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "kimi_k2_muon", "optim.tp_mode=dup", "--yes"])
-    assert bad.exit_code == 1
-    assert "tp_mode must be one of ('duplicated', 'distributed', 'blockwise', 'auto'); got 'dup'" in bad.output
+    for override, message in {
+        "optim.tp_mode=dup": "tp_mode must be one of ('duplicated', 'distributed', 'blockwise', 'auto'); got 'dup'",
+        "optim.lrr=1": "Error: override key 'optim.lrr' is unknown: optimizer (MuonConfig) has the fields ('lr', ",
+    }.items():
+        bad = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "kimi_k2_muon", override, "--dryrun", "--yes"])
+        assert bad.exit_code == 1 and message in bad.output and "Traceback" not in bad.output
+        assert bad.exception is None or isinstance(bad.exception, SystemExit)  # a clean exit, not a crash
     unknown = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "kimi_k2_moun", "--yes"])
     assert unknown.exit_code == 1 and "--factory must be one of (" in unknown.output
 
