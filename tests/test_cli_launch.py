@@ -150,3 +150,17 @@ def test_list_prints_every_recipe() -> None:
     for cmd in (["launch", "--list"], ["bench", "--list"], ["recipes"]):
         result = CliRunner().invoke(main, cmd)
         assert result.exit_code == 0 and result.stdout.split() == list_recipes(), cmd
+
+
+def test_local_run_output_goes_to_stderr_when_stdout_is_json(tmp_path: Path, capfd) -> None:
+    import dataclasses
+
+    from nemo_muon.launchers.job import LaunchOptions, build_plan
+    from nemo_muon.launchers.launch import execute
+
+    plan = build_plan(LaunchOptions(recipe="tiny_qwen3_moe_muon", executor="local",
+                                    overrides=[f"logging.root={tmp_path}"]))
+    child = dataclasses.replace(plan, argv=[sys.executable, "-c", "print('progress 1/2'); raise SystemExit(3)"])
+    assert execute(child, progress=False).exit_code == 3
+    out, err = capfd.readouterr()
+    assert out == "" and "progress 1/2" in err
