@@ -74,6 +74,11 @@ def test_every_factory_dryruns_in_process(llm_entry_point_path, monkeypatch, tmp
         bad = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "kimi_k2_muon", override, "--dryrun", "--yes"])
         assert bad.exit_code == 1 and message in bad.output and "Traceback" not in bad.output
         assert bad.exception is None or isinstance(bad.exception, SystemExit)  # a clean exit, not a crash
+    if "tiny_kimi_k2_muon" in list_recipes():  # an executor that would start the wrong number of ranks
+        wrong = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "tiny_kimi_k2_muon", "run.executor=local",
+                                    "run.executor.ntasks_per_node=3", "--dryrun", "--yes"])
+        assert wrong.exit_code == 1 and "run.executor starts 3 processes but the recipe's world size is 2" in (
+            wrong.output)
     unknown = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "kimi_k2_moun", "--yes"])
     assert unknown.exit_code == 1 and "--factory must be one of (" in unknown.output
 
