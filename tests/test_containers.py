@@ -175,14 +175,15 @@ def test_enroot_import_rejects_other_schemes():
     assert r.returncode == 2 and "SOURCE must be docker://, dockerd://, podman:// or a local image name" in r.stderr
 
 
-def _fake_wheel(directory: Path, name: str, version: str) -> Path:
+def _fake_wheel(directory: Path, name: str, version: str, requires: str = "") -> Path:
     """A minimal valid wheel with one module (enough for pip; no build backend needed)."""
     import zipfile
 
     dist = f"{name}-{version}.dist-info"
+    requires_line = f"Requires-Dist: {requires}\n" if requires else ""
     files = {
         f"{name}_probe.py": "VALUE = 1\n",
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n{requires_line}",
         f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     files[f"{dist}/RECORD"] = "".join(f"{k},,\n" for k in files) + f"{dist}/RECORD,,\n"
@@ -201,7 +202,7 @@ def test_install_into_base_adds_wheel_and_missing_extras_and_keeps_base_versions
     base_pip = _sh([py, "-c", "import importlib.metadata as m; print(m.version('pip'))"]).stdout.strip()
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    _fake_wheel(wheels, "nemo_muon", "9.9.9")
+    _fake_wheel(wheels, "nemo_muon", "9.9.9", requires="torch==0.0.1")  # installs only because of --no-deps
     extras = _fake_wheel(tmp_path, "nm_extra_probe", "1.2.3")
     reqs = tmp_path / "extras.txt"
     reqs.write_text("pip==0.0.1\nnm-extra-probe==1.2.3\n")
