@@ -262,6 +262,16 @@ def test_image_runs_the_cli_and_imports_the_light_parts_without_torch(image):
     assert "Usage: nemo-muon" in help_out and "doctor" in help_out
 
 
+def test_plan_in_the_image_matches_the_development_install(image):
+    """`nemo-muon plan` works without torch in the image and computes what the dev install computes."""
+    tag, _ = image
+    cmd = ["plan", "--recipe", "kimi_k2_muon", "--json"]
+    inside = json.loads(_run(tag, "nemo-muon", *cmd).stdout)
+    here = json.loads(_sh([str(Path(sys.executable).parent / "nemo-muon"), *cmd]).stdout)
+    keys = ("recipe", "world_size", "parallelism", "model_params", "model_flops_per_step", "ns_flops_per_step")
+    assert {k: inside[k] for k in keys} == {k: here[k] for k in keys}
+
+
 def test_entrypoint_runs_any_command_through_the_base_entrypoint(image):
     tag, _ = image
     r = _run(tag, "bash", "-c", 'echo "args:$1,$2"; exit 7', "_", "a b", "c", check=False)
