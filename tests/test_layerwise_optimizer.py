@@ -141,18 +141,20 @@ def reference_run(cfg: Any, micro: int, clip: float | None = None) -> tuple[dict
 def _equivalence_body(rank: int, world: int, group: Any, cfgs: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for cfg in cfgs:
-        for overlap in (False, True):
+        # gloo's "auto" = all-reduce + owner broadcasts; also run the reduce-scatter + all-gather path
+        for key, kwargs in (("overlap=False", {}), ("overlap=True", {"overlap_param_gather": True}),
+                            ("reduce_scatter", {"overlap_param_gather": True, "collectives": "reduce_scatter"})):
             model = make_model()
-            opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, overlap_param_gather=overlap,
-                                                bucket_size_mb=BUCKET_MB)
+            opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB, **kwargs)
             train(model, opt, STEPS, rank, world)
             opt.finish_param_gather()
-            out[f"{cfg.name}/overlap={overlap}"] = params_of(model)
+            out[f"{cfg.name}/{key}"] = params_of(model)
         model = make_model()
         opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB)
         norms = train(model, opt, STEPS, rank, world, clip=0.5, clip_fn=opt.clip_grad_norm_)
         out[f"{cfg.name}/clip"] = (params_of(model), norms)
         out[f"{cfg.name}/owned"] = opt.owned_names
+        out[f"{cfg.name}/buckets"] = len(opt.buckets)
     return portable(out)
 
 
@@ -187,8 +189,8 @@ def test_matches_single_process_optimizer(world: int) -> None:
         want_clip, want_norms = reference_run(cfg, world, clip=0.5)
         tol = 1e-6 if world == 2 else max(1e-6, 2 * reorder_spread(cfg, world))
         for res in results:
-            for overlap in (False, True):
-                got = res[f"{cfg.name}/overlap={overlap}"]
+            for key in ("overlap=False", "overlap=True", "reduce_scatter"):
+                got = res[f"{cfg.name}/{key}"]
                 if world == 2:
                     assert all(torch.equal(got[n], want[n]) for n in want), cfg.name
                 assert max_rel_diff(got, want) <= tol, cfg.name
@@ -197,9 +199,10 @@ def test_matches_single_process_optimizer(world: int) -> None:
             assert norms[0] == pytest.approx(want_norms[0], rel=1e-6)  # same params: same global norm
             assert norms == pytest.approx(want_norms, rel=max(1e-6, 10 * tol))
             assert min(want_norms) > 0.5  # the clipping really scaled every step
-        # overlap on/off: bit-identical, and every rank holds the same params
-        assert all(torch.equal(results[0][f"{cfg.name}/overlap=True"][n], r[f"{cfg.name}/overlap=False"][n])
-                   for r in results for n in want)
+        # overlap on/off and both sets of collectives: bit-identical, and every rank holds the same params
+        assert all(torch.equal(results[0][f"{cfg.name}/overlap=False"][n], r[f"{cfg.name}/{key}"][n])
+                   for r in results for n in want for key in ("overlap=True", "overlap=False", "reduce_scatter"))
+        assert results[0][f"{cfg.name}/buckets"] > 3  # the tiny bucket size really splits the model
         owned = [set(r[f"{cfg.name}/owned"]) for r in results]
         assert set().union(*owned) == set(want) and sum(map(len, owned)) == len(want)  # each param: one owner
         assert all(owned)  # every rank owns something

@@ -1,9 +1,15 @@
-"""Communication buckets of the layer-wise optimizer: grads reduce-scattered to owners, params all-gathered back.
+"""Communication buckets of the layer-wise optimizer: grads reduced to owners, updated params shared back.
 
 A bucket holds whole parameters of one dtype. Its flat buffer is ``world`` equal segments; segment r holds the
-parameters owned by rank r (in order), zero-padded to the longest segment, so both collectives are even-sized and
-run on every backend (gloo has no uneven all-gather). Buckets are filled per owner: bucket k takes each rank's next
-owned parameters up to ``bucket_bytes / world``, so segments are nearly equal and padding stays small.
+parameters owned by rank r (in order), zero-padded to the longest segment. Buckets are filled per owner: bucket k
+takes each rank's next owned parameters up to ``bucket_bytes / world``, so segments are nearly equal.
+
+Two sets of collectives (``COLLECTIVES``), same numbers either way:
+- ``reduce_scatter``: grads reduce-scattered (each owner receives its segment's sums), params all-gathered; both
+  even-sized thanks to the padding. Fewest bytes; the fast path on NCCL.
+- ``all_reduce``: grads all-reduced (owners keep their segment), params broadcast by each owner (only its used
+  length, no padding). On gloo this is 2-3x faster than its reduce-scatter and all-gather (measured: 12.6 MB on
+  2 CPU ranks, all-reduce 16 ms vs reduce-scatter 33 ms; all-gather 45 ms vs 2 broadcasts 15 ms).
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ class Bucket:
     rank: int
     group: dist.ProcessGroup | None
     dtype: torch.dtype
+    collectives: str = "reduce_scatter"
     flat: torch.Tensor = field(init=False, repr=False)
-    pending: dist.Work | None = field(default=None, init=False, repr=False)
+    pending: list[dist.Work] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.flat = torch.zeros(self.seg_numel * self.world, dtype=self.dtype, device=self.params[0].device)
@@ -61,32 +68,52 @@ class Bucket:
         out = torch.empty(self.seg_numel, dtype=self.dtype, device=self.flat.device)
         if self.group is None:
             out.copy_(self.segment())
+        elif self.collectives == "all_reduce":
+            dist.all_reduce(self.flat, group=self.group)
+            out.copy_(self.segment())
         else:
             _reduce_scatter(out, self.flat, self.group)
         return out
 
+    def used(self, rank: int) -> int:
+        """Elements of segment ``rank`` holding params (the rest is padding)."""
+        return sum(p.numel() for p, o in zip(self.params, self.owners, strict=True) if o == rank)
+
     def start_gather(self) -> None:
-        """Launch the async all-gather of the owners' segments (each rank has written its own segment)."""
+        """Launch the async sharing of the owners' segments (each rank has written its own segment)."""
         if self.group is None:
             return
-        seg = self.segment().clone()
-        self.pending = _all_gather(self.flat, seg, self.group)
+        if self.collectives == "all_reduce":
+            for r in range(self.world):
+                n = self.used(r)
+                if n:
+                    seg = self.flat.narrow(0, r * self.seg_numel, n)
+                    self.pending.append(dist.broadcast(seg, group=self.group, group_src=r, async_op=True))
+        else:
+            seg = self.segment().clone()
+            self.pending.append(_all_gather(self.flat, seg, self.group))
 
     def finish_gather(self) -> None:
-        """Wait for the gather (if any) and copy the gathered values into the params."""
-        if self.pending is not None:
-            self.pending.wait()
-            self.pending = None
+        """Wait for the sharing (if any) and copy the received values into the params."""
+        if self.pending:
+            for work in self.pending:
+                work.wait()
+            self.pending = []
             with torch.no_grad():
                 for i, p in enumerate(self.params):
                     if self.owners[i] != self.rank:
                         p.copy_(self.view_of(i))
 
     def comm_bytes(self) -> int:
-        """Bytes this rank sends for one reduce-scatter plus one all-gather of this bucket (ring model)."""
-        if self.world == 1:
+        """Bytes one rank sends per step for this bucket, ring model: reduce-scatter and all-gather (W-1)/W of
+        the padded buffer each; all-reduce 2(W-1)/W of it; the broadcasts (W-1)/W of the used elements."""
+        w, elem = self.world, self.flat.element_size()
+        if w == 1:
             return 0
-        return 2 * (self.world - 1) * self.seg_numel * self.flat.element_size()
+        if self.collectives == "all_reduce":
+            used = sum(p.numel() for p in self.params)
+            return (2 * (w - 1) * self.seg_numel * w + (w - 1) * used) * elem // w
+        return 2 * (w - 1) * self.seg_numel * elem
 
 
 def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor, group: dist.ProcessGroup) -> None:
@@ -99,8 +126,21 @@ def _all_gather(flat: torch.Tensor, seg: torch.Tensor, group: dist.ProcessGroup)
     return fn(flat, seg, group=group, async_op=True)
 
 
+COLLECTIVES: tuple[str, ...] = ("auto", "reduce_scatter", "all_reduce")
+
+
+def resolve_collectives(collectives: str, group: dist.ProcessGroup | None) -> str:
+    """``auto``: all_reduce on gloo (its reduce-scatter / all-gather are slow), reduce_scatter elsewhere."""
+    if collectives != "auto":
+        return collectives
+    if group is None:
+        return "reduce_scatter"
+    return "all_reduce" if dist.get_backend(group) == "gloo" else "reduce_scatter"
+
+
 def build_buckets(named: Sequence[tuple[str, torch.nn.Parameter]], owners: dict[str, int], bucket_bytes: int,
-                  world: int, rank: int, group: dist.ProcessGroup | None) -> list[Bucket]:
+                  world: int, rank: int, group: dist.ProcessGroup | None,
+                  collectives: str = "reduce_scatter") -> list[Bucket]:
     """Buckets for ``named`` (in backprop order: pass them reversed from model order), one dtype per bucket."""
     buckets: list[Bucket] = []
     dtypes: list[torch.dtype] = []
@@ -134,5 +174,5 @@ def build_buckets(named: Sequence[tuple[str, torch.nn.Parameter]], owners: dict[
                     offsets.append(off)
                     off += p.numel()
             buckets.append(Bucket(params=params, names=names, owners=own, offsets=offsets, seg_numel=seg,
-                                  world=world, rank=rank, group=group, dtype=dtype))
+                                  world=world, rank=rank, group=group, dtype=dtype, collectives=collectives))
     return buckets

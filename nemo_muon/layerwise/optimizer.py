@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_range, fail
-from nemo_muon.layerwise.buckets import Bucket, build_buckets
+from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket, build_buckets, resolve_collectives
 from nemo_muon.layerwise.plan import METHODS, OwnershipPlan, PlanItem, ns_cost, plan_ownership, soap_cost
 
 NamedParams = Sequence[tuple[str, torch.nn.Parameter]]
@@ -62,8 +62,10 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, model: torch.nn.Module, optimizer: Any, *, dp_group: dist.ProcessGroup | None,
                  expert_dp_group: dist.ProcessGroup | None = None, is_expert: Callable[[str], bool] = default_is_expert,
                  overlap_param_gather: bool = False, bucket_size_mb: float = 25.0, master_weights: bool = True,
-                 plan_method: str = "lpt", nonfinite: str | None = None, check_replicas: bool = True) -> None:
+                 plan_method: str = "lpt", nonfinite: str | None = None, check_replicas: bool = True,
+                 collectives: str = "auto") -> None:
         check_range("bucket_size_mb", bucket_size_mb, low=0.0, low_inclusive=False)
+        check_choice("collectives", collectives, COLLECTIVES)
         check_choice("plan_method", plan_method, METHODS)
         nonfinite = getattr(optimizer, "nonfinite", "skip") if nonfinite is None else nonfinite
         check_choice("nonfinite", nonfinite, ("skip", "raise"))
@@ -75,7 +77,6 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         self.nonfinite = nonfinite
         self.skipped_steps = 0
         self.last_step_skipped = False
-        self.last_comm_bytes = 0
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise fail("model", type(model).__name__, "a module with trainable parameters")
@@ -100,7 +101,9 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
                 _check_replicas(cat, group, field)
             plan = plan_ownership([self._item(n, p, optimizer) for n, p in cat], world, plan_method)
             self.plans.append(plan)
-            for b in build_buckets(list(reversed(cat)), plan.owners, self.bucket_bytes, world, rank, group):
+            self.collectives = resolve_collectives(collectives, group)
+            for b in build_buckets(list(reversed(cat)), plan.owners, self.bucket_bytes, world, rank, group,
+                                   self.collectives):
                 self.buckets.append(b)
                 for i in b.owned():
                     self.owned[b.names[i]] = (b, i)
@@ -157,16 +160,13 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         if self._reduced:
             return
         self.finish_param_gather()
-        comm = 0
         for b in self.buckets:
             seg = b.reduce_grads()
-            comm += b.comm_bytes() // 2
             for i in b.owned():
                 name, p = b.names[i], b.params[i]
                 g = seg.narrow(0, b.offsets[i] - b.rank * b.seg_numel, p.numel()).view_as(p)
                 master = self.masters[name]
                 master.grad = g.to(master.dtype).div_(self.dp_size)
-        self.last_comm_bytes = comm
         self._reduced = True
 
     def _owned_grads(self) -> list[torch.Tensor]:
@@ -244,6 +244,10 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         self._reduced = False
 
     # ------------------------------------------------------------------ state
+    def comm_bytes_per_step(self) -> int:
+        """Bytes this rank sends per step for grads and params (ring model, see ``Bucket.comm_bytes``)."""
+        return sum(b.comm_bytes() for b in self.buckets)
+
     def state_bytes(self) -> int:
         """Bytes of optimizer state (and separate master weights) held by this rank."""
         total = sum(m.numel() * m.element_size() for n, m in self.masters.items() if m is not self._param_of[n])
