@@ -7,9 +7,12 @@ Skips only where slurm-wlm/munge cannot be installed (slurm_up.sh exit 77: not r
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,6 +96,25 @@ def test_cancel_stops_a_submitted_job(slurm_cluster, tmp_path) -> None:
     assert cancelled.exit_code == 0, cancelled.output
     state, _ = slurm.wait(job_id, timeout_s=30)
     assert state == "CANCELLED"
+
+
+def test_ctrl_c_while_waiting_cancels_the_job(slurm_cluster, tmp_path) -> None:
+    cli = [sys.executable, "-c", "from nemo_muon.launchers.cli import main; main()"]
+    proc = subprocess.Popen([*cli, "launch", "--recipe", RECIPE, "--executor", "slurm", "--no-container", "--wait",
+                             "trainer.max_steps=100000", f"logging.root={tmp_path}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job_id, seen = None, ""
+    deadline = time.monotonic() + 60
+    while job_id is None and time.monotonic() < deadline:
+        seen += proc.stderr.read(1)
+        if m := re.search(r"slurm job (\d+): ", seen):
+            job_id = m.group(1)
+    assert job_id is not None, seen
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"cancelled slurm job {job_id}" in err
+    assert slurm.wait(job_id, timeout_s=30)[0] == "CANCELLED"
 
 
 def test_bench_chains_the_baseline_after_the_muon_run(slurm_cluster, tmp_path) -> None:
