@@ -27,6 +27,7 @@ from nemo_run.cli.api import RunContext, RunContextError
 
 ENTRY_POINT_GROUP = "nemo_run.cli"
 OWN_MODULE_PREFIX = "nemo_muon."
+RECIPES_PACKAGE = "nemo_muon.recipes"
 PASSTHROUGH_KEYS: tuple[str, ...] = ("recipe",)
 """Keys NeMo-Run itself must see (the pretrain entrypoint's own argument)."""
 
@@ -59,6 +60,9 @@ class RecipeRunContext(RunContext):
     def cli_execute(self, fn: Callable, args: list[str], entrypoint_type: str = "task") -> None:
         passthrough, self.recipe_overrides = split_cli_args(list(args))
         names = list_recipes()
+        if self.factory and self.factory.startswith(RECIPES_PACKAGE + "."):
+            # a dotted path to one of our factories (nemo_muon.recipes.kimi_k2.kimi_k2_muon) = that recipe
+            self.factory = self.factory.rsplit(".", 1)[1]
         if self.factory and "." not in self.factory and self.factory not in names:
             raise RunContextError(f"--factory must be one of {tuple(names)}; got {self.factory!r}")
         super().cli_execute(fn, passthrough, entrypoint_type)
