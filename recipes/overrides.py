@@ -131,7 +131,8 @@ def convert_value(key: str, raw: Any, hint: Any) -> Any:
             raise ValueError(f"{key} must be a tuple of {len(elem_types)} values like (a,b); got {raw!r}")
         if Ellipsis in args:
             elem_types = elem_types * len(items)
-        return tuple(convert_value(f"{key}[{i}]", item, t) for i, (item, t) in enumerate(zip(items, elem_types, strict=True)))
+        pairs = enumerate(zip(items, elem_types, strict=True))
+        return tuple(convert_value(f"{key}[{i}]", item, t) for i, (item, t) in pairs)
     raise ValueError(f"{key} cannot be set from the command line (type {hint}); got {raw!r}")
 
 

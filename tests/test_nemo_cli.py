@@ -79,8 +79,8 @@ def test_every_factory_dryruns_in_process(llm_entry_point_path, monkeypatch, tmp
                                     "run.executor.ntasks_per_node=3", "--dryrun", "--yes"])
         assert wrong.exit_code == 1 and "run.executor starts 3 processes but the recipe's world size is 2" in (
             wrong.output)
-    dotted = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "nemo_muon.recipes.qwen3_30b_a3b.qwen3_30b_a3b_soap",
-                                 "--dryrun", "--yes"])
+    dotted_path = "nemo_muon.recipes.qwen3_30b_a3b.qwen3_30b_a3b_soap"
+    dotted = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", dotted_path, "--dryrun", "--yes"])
     assert dotted.exit_code == 0 and "# qwen3_30b_a3b_soap: 8 x gb300" in dotted.output
     unknown = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "kimi_k2_moun", "--yes"])
     assert unknown.exit_code == 1 and "--factory must be one of (" in unknown.output

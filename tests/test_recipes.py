@@ -131,7 +131,8 @@ def test_overrides_convert_by_type_and_leave_the_input_alone():
     [
         ("optim.lrr=1", r"'optim\.lrr' is unknown: optimizer \(MuonConfig\) has the fields \('lr', 'weight_decay'"),
         ("foo.bar=1", r"section \(in 'foo\.bar'\) must be one of \('model', 'optimizer'.*got 'foo'"),
-        ("optim.tp_mode=dup", r"tp_mode must be one of \('duplicated', 'distributed', 'blockwise', 'auto'\); got 'dup'"),
+        ("optim.tp_mode=dup", r"tp_mode must be one of \('duplicated', 'distributed', 'blockwise', 'auto'\); "
+                              r"got 'dup'"),
         ("optim.momentum=2", r"muon\.momentum must be a number in \[0\.0, 1\.0\); got 2\.0"),
         ("trainer.max_steps=1.5", r"trainer\.max_steps must be an integer; got '1\.5'"),
         ("qk_clip=maybe", r"qk_clip must be a boolean"),
