@@ -170,9 +170,19 @@ def sbatch_argv(script_path: Path) -> list[str]:
     return ["sbatch", "--parsable", "--export=ALL", str(script_path)]
 
 
+def _run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client command; a missing command is a RuntimeError saying where to run instead."""
+    try:
+        return subprocess.run(list(argv), env=None if env is None else dict(env), capture_output=True, text=True,
+                              check=False)
+    except FileNotFoundError:
+        raise RuntimeError(f"{argv[0]} is not on PATH: run on a Slurm login node (scripts/slurm_up.sh starts a "
+                           "one-node cluster for trials)") from None
+
+
 def submit(script_path: Path, env: Mapping[str, str]) -> str:
     """Submit the written script with ``env`` as sbatch's environment; returns the job id."""
-    out = subprocess.run(sbatch_argv(script_path), env=dict(env), capture_output=True, text=True, check=False)
+    out = _run(sbatch_argv(script_path), env)
     if out.returncode != 0:
         raise RuntimeError(f"sbatch failed (exit {out.returncode}): {out.stderr.strip()}")
     return out.stdout.strip().split(";")[0]
@@ -180,7 +190,7 @@ def submit(script_path: Path, env: Mapping[str, str]) -> str:
 
 def job_state(job_id: str) -> tuple[str, str]:
     """(JobState, ExitCode) from scontrol, e.g. ('COMPLETED', '0:0'); ('UNKNOWN', '') once Slurm forgot it."""
-    out = subprocess.run(["scontrol", "show", "job", str(job_id)], capture_output=True, text=True, check=False)
+    out = _run(["scontrol", "show", "job", str(job_id)])
     state = re.search(r"JobState=(\S+)", out.stdout)
     code = re.search(r"ExitCode=(\S+)", out.stdout)
     return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "")
@@ -188,8 +198,7 @@ def job_state(job_id: str) -> tuple[str, str]:
 
 def is_queued(job_id: str) -> bool:
     """True while squeue lists the job (pending, running or completing)."""
-    out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                         check=False)
+    out = _run(["squeue", "-h", "-j", str(job_id), "-o", "%T"])
     return bool(out.stdout.strip())
 
 
@@ -211,7 +220,7 @@ def cancel(job_id: str) -> None:
     """scancel the job (raises with scancel's message on failure)."""
     if not re.match(r"^\d+(_\d+)?$", str(job_id)):
         raise ValueError(f"slurm job id must be digits (e.g. 1234); got {job_id!r}")
-    out = subprocess.run(["scancel", str(job_id)], capture_output=True, text=True, check=False)
+    out = _run(["scancel", str(job_id)])
     if out.returncode != 0:
         raise RuntimeError(f"scancel {job_id} failed (exit {out.returncode}): {out.stderr.strip()}")
 

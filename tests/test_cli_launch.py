@@ -164,3 +164,12 @@ def test_local_run_output_goes_to_stderr_when_stdout_is_json(tmp_path: Path, cap
     assert execute(child, progress=False).exit_code == 3
     out, err = capfd.readouterr()
     assert out == "" and "progress 1/2" in err
+
+
+def test_slurm_commands_missing_from_path_is_a_clear_error(tmp_path: Path) -> None:
+    result = CliRunner(env={"PATH": str(tmp_path)}).invoke(main, ["launch", "--recipe", "tiny_kimi_k2_muon",
+                                                                  "--executor", "slurm", "--no-container",
+                                                                  f"logging.root={tmp_path}"])
+    assert result.exit_code == 1 and "sbatch is not on PATH" in result.output and "Traceback" not in result.output
+    result = CliRunner(env={"PATH": str(tmp_path)}).invoke(main, ["cancel", "12"])
+    assert result.exit_code == 1 and "scancel is not on PATH" in result.output
