@@ -155,3 +155,19 @@ def test_key_precheck_and_valid_key_listing():
         check_override_keys(base, ["trainer.maxsteps=3"])
     keys = valid_keys(base)
     assert "optimizer.lr" in keys and "trainer.max_steps" in keys and "env.<NAME>" in keys
+
+
+def test_environment_follows_bridges_per_system_rules():
+    from nemo_muon.recipes.environment import hybrid_ep_env, perf_env
+
+    gb200 = bridge_perf_recipe("x", QWEN3_30B_A3B, gpu="gb200").env
+    assert gb200["NCCL_NET_GDR_LEVEL"] == "PHB" and gb200["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == "8"
+    b200 = bridge_perf_recipe("x", KIMI_K2, gpu="b200").env  # alltoall dispatcher: no HybridEP variables
+    assert "NVLINK_DOMAIN_SIZE" not in b200 and "NCCL_NET_GDR_LEVEL" not in b200
+    assert hybrid_ep_env("h100", 64) == {"NVLINK_DOMAIN_SIZE": "8", "USE_MNNVL": "0",
+                                         "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8"}
+    assert perf_env("h100", tp=2)["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # Hopper + TP comm overlap
+    with pytest.raises(ValueError, match=r"parallelism\.ep must be <= 72"):
+        hybrid_ep_env("gb300", 128)
+    with pytest.raises(ValueError, match=r"system\.gpu must be one of"):
+        perf_env("cpu")
