@@ -9,7 +9,7 @@ from nemo_muon.reporting.summary import PairComparison, RunSummary
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("run", "name"),
     ("optimizer", "optimizer"),
-    ("GPUs", "world_size"),
+    ("ranks", "world_size"),
     ("steps", "last_step"),
     ("final train loss", "final_train_loss"),
     ("final val loss", "final_val_loss"),
