@@ -173,3 +173,14 @@ def test_slurm_commands_missing_from_path_is_a_clear_error(tmp_path: Path) -> No
     assert result.exit_code == 1 and "sbatch is not on PATH" in result.output and "Traceback" not in result.output
     result = CliRunner(env={"PATH": str(tmp_path)}).invoke(main, ["cancel", "12"])
     assert result.exit_code == 1 and "scancel is not on PATH" in result.output
+
+
+def test_torch_backend_on_several_nodes_uses_one_torchrun_per_node_with_c10d(tmp_path: Path) -> None:
+    script = _script(_dry_run(tmp_path, "--recipe", "tiny_kimi_k2_muon", "--executor", "slurm", "--no-container",
+                              "--nodes", "2"))
+    lines = script.splitlines()
+    assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=1" in lines
+    assert "#SBATCH --cpus-per-task=2" in lines and "--gpus-per-node" not in script and "--segment" not in script
+    assert (f'srun --ntasks-per-node=1 {sys.executable} -m torch.distributed.run --nnodes "$SLURM_NNODES" '
+            '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" --rdzv-id "$SLURM_JOB_ID" --nproc-per-node 2 '
+            '-m nemo_muon.launchers.run_recipe --recipe tiny_kimi_k2_muon') in script
