@@ -13,8 +13,8 @@ from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.specs import KIMI_K2
 
 
-def _kimi_k2(name: str, optimizer: str, precision: str = "mxfp8") -> TrainingRecipe:
-    return bridge_perf_recipe(name, KIMI_K2, optimizer=optimizer, gpu="gb300", precision=precision)
+def _kimi_k2(name: str, optimizer: str, precision: str = "mxfp8", gpu: str = "gb300") -> TrainingRecipe:
+    return bridge_perf_recipe(name, KIMI_K2, optimizer=optimizer, gpu=gpu, precision=precision)
 
 
 @recipe
@@ -63,3 +63,30 @@ def kimi_k2_adamw_fp8_cs() -> TrainingRecipe:
 def kimi_k2_muon_qk_clip() -> TrainingRecipe:
     """kimi_k2_muon with MuonClip: query/key rescaled when a head's max logit exceeds the threshold."""
     return _kimi_k2("kimi_k2_muon_qk_clip", "muon").replace(qk_clip=True)
+
+
+# --- other systems: Bridge's perf presets for them (systems.BRIDGE_PERF_LAYOUTS) ---
+
+
+@recipe
+def kimi_k2_muon_gb200() -> TrainingRecipe:
+    """Kimi K2 on Bridge's GB200 preset, MXFP8, Muon."""
+    return _kimi_k2("kimi_k2_muon_gb200", "muon", gpu="gb200")
+
+
+@recipe
+def kimi_k2_adamw_gb200() -> TrainingRecipe:
+    """Kimi K2 on Bridge's GB200 preset, MXFP8, AdamW."""
+    return _kimi_k2("kimi_k2_adamw_gb200", "adamw", gpu="gb200")
+
+
+@recipe
+def kimi_k2_muon_b200() -> TrainingRecipe:
+    """Kimi K2 on Bridge's B200 preset, MXFP8, Muon."""
+    return _kimi_k2("kimi_k2_muon_b200", "muon", gpu="b200")
+
+
+@recipe
+def kimi_k2_adamw_b200() -> TrainingRecipe:
+    """Kimi K2 on Bridge's B200 preset, MXFP8, AdamW."""
+    return _kimi_k2("kimi_k2_adamw_b200", "adamw", gpu="b200")

@@ -13,8 +13,8 @@ from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.specs import QWEN3_30B_A3B
 
 
-def _qwen3_30b_a3b(name: str, optimizer: str, precision: str = "mxfp8") -> TrainingRecipe:
-    return bridge_perf_recipe(name, QWEN3_30B_A3B, optimizer=optimizer, gpu="gb300", precision=precision)
+def _qwen3_30b_a3b(name: str, optimizer: str, precision: str = "mxfp8", gpu: str = "gb300") -> TrainingRecipe:
+    return bridge_perf_recipe(name, QWEN3_30B_A3B, optimizer=optimizer, gpu=gpu, precision=precision)
 
 
 @recipe
@@ -45,3 +45,42 @@ def qwen3_30b_a3b_muon_bf16() -> TrainingRecipe:
 def qwen3_30b_a3b_adamw_bf16() -> TrainingRecipe:
     """qwen3_30b_a3b_adamw in BF16."""
     return _qwen3_30b_a3b("qwen3_30b_a3b_adamw_bf16", "adamw", precision="bf16")
+
+
+# --- other systems: Bridge's perf presets for them (systems.BRIDGE_PERF_LAYOUTS); Hopper has no MXFP8 ---
+
+
+@recipe
+def qwen3_30b_a3b_muon_gb200() -> TrainingRecipe:
+    """Qwen3-30B-A3B on Bridge's GB200 preset, MXFP8, Muon."""
+    return _qwen3_30b_a3b("qwen3_30b_a3b_muon_gb200", "muon", gpu="gb200")
+
+
+@recipe
+def qwen3_30b_a3b_adamw_gb200() -> TrainingRecipe:
+    """Qwen3-30B-A3B on Bridge's GB200 preset, MXFP8, AdamW."""
+    return _qwen3_30b_a3b("qwen3_30b_a3b_adamw_gb200", "adamw", gpu="gb200")
+
+
+@recipe
+def qwen3_30b_a3b_muon_b200() -> TrainingRecipe:
+    """Qwen3-30B-A3B on Bridge's B200 preset, MXFP8, Muon."""
+    return _qwen3_30b_a3b("qwen3_30b_a3b_muon_b200", "muon", gpu="b200")
+
+
+@recipe
+def qwen3_30b_a3b_adamw_b200() -> TrainingRecipe:
+    """Qwen3-30B-A3B on Bridge's B200 preset, MXFP8, AdamW."""
+    return _qwen3_30b_a3b("qwen3_30b_a3b_adamw_b200", "adamw", gpu="b200")
+
+
+@recipe
+def qwen3_30b_a3b_muon_h100() -> TrainingRecipe:
+    """Qwen3-30B-A3B on Bridge's H100 preset, FP8 current scaling, Muon."""
+    return _qwen3_30b_a3b("qwen3_30b_a3b_muon_h100", "muon", precision="fp8_cs", gpu="h100")
+
+
+@recipe
+def qwen3_30b_a3b_adamw_h100() -> TrainingRecipe:
+    """Qwen3-30B-A3B on Bridge's H100 preset, FP8 current scaling, AdamW."""
+    return _qwen3_30b_a3b("qwen3_30b_a3b_adamw_h100", "adamw", precision="fp8_cs", gpu="h100")

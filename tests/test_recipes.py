@@ -171,3 +171,15 @@ def test_environment_follows_bridges_per_system_rules():
         hybrid_ep_env("gb300", 128)
     with pytest.raises(ValueError, match=r"system\.gpu must be one of"):
         perf_env("cpu")
+
+
+def test_every_megatron_recipe_is_its_systems_bridge_preset():
+    megatron = [get_recipe(n) for n in list_recipes() if get_recipe(n).backend == "megatron"]
+    assert {r.system.gpu for r in megatron} >= {"gb300", "gb200", "b200", "h100"}
+    for r in megatron:
+        row = BRIDGE_PERF_LAYOUTS[(r.model.name, r.system.gpu)]
+        p = r.parallelism
+        assert (p.tp, p.pp, p.vp, p.cp, p.ep, p.etp) == (row.tp, row.pp, row.vp, row.cp, row.ep, row.etp), r.name
+        assert (r.world_size, r.trainer.global_batch_size, r.trainer.micro_batch_size, r.trainer.seq_length) == (
+            row.num_gpus, row.global_batch_size, row.micro_batch_size, row.seq_length), r.name
+        assert r.precision.kind != "mxfp8" or r.system.gpu != "h100", r.name  # Hopper has no MXFP8
