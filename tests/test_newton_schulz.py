@@ -125,3 +125,23 @@ def test_cost_model_choices() -> None:
     # the same square matrix with free collectives: splitting the FLOPs wins
     free = TPCostModel(latency_s=0.0, bytes_per_s=1e30)
     assert choose_tp_mode((2048, 2048), -1, 2, 5, free) == "distributed"
+
+
+def test_syrk_path_computes_the_same_step() -> None:
+    """CPU reference of the GPU SYRK path's math: with a syrk of tsyrk_ex's contract (alpha·A·Aᵀ + beta·C) in place
+    of the kernel, the standard program gives the GEMM result. The kernel itself: bench/gpu/ns_syrk.py."""
+    from nemo_muon.optim.ns_kernels import ns_program, run_programs, syrk_kernel
+
+    def reference_syrk(a: torch.Tensor, c: torch.Tensor | None = None, alpha: float = 1.0, beta: float = 0.0):
+        out = alpha * (a @ a.T)
+        return out if c is None else out + beta * c
+
+    torch.manual_seed(6)
+    x = torch.randn(24, 80)
+    coeffs = coefficient_schedule("quintic", 5)
+    with_syrk = run_programs([ns_program(x, coeffs, algorithm="standard", compute_dtype=torch.float32,
+                                         syrk=reference_syrk)], [None])[0]
+    plain = run_programs([ns_program(x, coeffs, algorithm="standard", compute_dtype=torch.float32, syrk=None)],
+                         [None])[0]
+    assert (with_syrk - plain).abs().max().item() < 1e-5
+    assert syrk_kernel(x.bfloat16()) is None  # CPU: the Triton kernel is never picked

@@ -7,7 +7,9 @@ parallel group (distributed mode), possibly fused with other programs' tensors i
 The program's return value is this rank's block of the orthogonalized matrix, in the compute dtype.
 
 Two algorithms, identical in exact arithmetic:
-- ``standard``: X <- a X + (b A + c A²) X with A = X·Xᵀ, every step (2 m²n + m³ multiply-adds per step).
+- ``standard``: X <- a X + (b A + c A²) X with A = X·Xᵀ, every step (2 m²n + m³ multiply-adds per step). On a GPU
+  in bf16, A = X·Xᵀ and b·A + c·A·A use emerging-optimizers' Triton SYRK kernel where it is validated (``syrk_kernel``),
+  computing one triangle: 1.5 m²n + 0.5 m³ per step.
 - ``gram``: iterate on the small m×m Gram matrix R = X·Xᵀ only: Z = aI + bR + cR², Q <- Z·Q, R <- Z·R·Z, and form
   Q·X once at the end (2 m²n + ~4 m³ per run of steps). It wins when n is a few times m (most LLM matrices), and
   needs one reduction in total instead of one per step. In bf16 precision the two m×n products are bf16; the m×m
@@ -18,6 +20,7 @@ Two algorithms, identical in exact arithmetic:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Generator, Sequence
 
 import torch
@@ -49,14 +52,21 @@ def ns_program(
     algorithm: str,
     compute_dtype: torch.dtype,
     eps: float = 1e-7,
+    syrk: Callable[..., torch.Tensor] | None | str = "auto",
 ) -> Program:
-    """Orthogonalize ``x`` (..., m, n), fp32, with the rows as the side being whitened; see the module docstring."""
+    """Orthogonalize ``x`` (..., m, n), fp32, with the rows as the side being whitened; see the module docstring.
+
+    ``syrk``: "auto" (``syrk_kernel`` decides), None (plain matmuls) or a callable with ``tsyrk_ex``'s signature."""
     sq = yield (x * x).sum(dim=(-2, -1), keepdim=True)
     x = (x / sq.sqrt().clamp_min(eps)).to(compute_dtype)
     if algorithm == "standard":
+        syrk = syrk_kernel(x) if syrk == "auto" else syrk
         for a, b, c in coefficients:
-            gram = yield x @ x.mT
-            update = _addmm(gram, gram, gram, beta=b, alpha=c)
+            gram = yield (x @ x.mT if syrk is None else syrk(x))
+            if syrk is None:
+                update = _addmm(gram, gram, gram, beta=b, alpha=c)
+            else:  # A·A is symmetric too: A is passed as its own transpose
+                update = syrk(gram, gram, alpha=c, beta=b)
             x = _addmm(x, update, x, beta=a, alpha=1.0)
         return x
     small = gram_small_dtype(compute_dtype, x.device)
@@ -82,6 +92,35 @@ def gram_small_dtype(compute_dtype: torch.dtype, device: torch.device) -> torch.
     """Dtype of Gram NS's m×m iteration: fp32 on CPU (faster than bf16 there, and exact to the fp32 band) or when
     computing in fp32; the compute dtype otherwise (bf16 on GPU, with restarts)."""
     return torch.float32 if compute_dtype == torch.float32 or device.type == "cpu" else compute_dtype
+
+
+SYRK_CAPABILITIES = ((8, 0), (9, 0), (10, 0), (10, 3))
+"""GPU architectures emerging-optimizers validates its Triton SYRK kernel on (A100, H100/H200, B200/GB200, B300/GB300)."""
+_syrk_notes: set[str] = set()
+
+
+def syrk_kernel(x: torch.Tensor) -> Callable[..., torch.Tensor] | None:
+    """emerging-optimizers' Triton ``tsyrk_ex`` (alpha·A·Aᵀ + beta·C, half the FLOPs of a GEMM) when it applies to ``x``:
+    a 2-D bf16 CUDA tensor on a validated architecture with triton >= 3.4. Otherwise None (plain matmul); on a CUDA
+    bf16 input that cannot use it, the reason is logged once."""
+    if x.device.type != "cuda" or x.dtype != torch.bfloat16:
+        return None
+    reason = None
+    if x.ndim != 2:
+        reason = "batched (3-D) input"
+    elif torch.cuda.get_device_capability(x.device) not in SYRK_CAPABILITIES:
+        reason = f"GPU capability {torch.cuda.get_device_capability(x.device)} not in {SYRK_CAPABILITIES}"
+    else:
+        from emerging_optimizers import triton_kernels
+
+        if not getattr(triton_kernels, "HAS_TRITON_340", False):
+            reason = "triton < 3.4"
+        else:
+            return triton_kernels.tsyrk_ex
+    if reason not in _syrk_notes:
+        _syrk_notes.add(reason)
+        logging.getLogger(__name__).info("newton_schulz: SYRK kernel not used (%s); plain GEMMs instead", reason)
+    return None
 
 
 Reducer = Callable[[list[torch.Tensor]], list[torch.Tensor]]
