@@ -1,8 +1,9 @@
 """The job entry point every launcher runs: ``python -m nemo_muon.launchers.run_recipe --recipe NAME [key=value ...]``.
 
 Builds the recipe, applies the overrides (nemo_muon.recipes.overrides), records how the job was launched in
-``<run dir>/launch.json`` (rank 0; secret values masked) and calls ``nemo_muon.train.pretrain.pretrain(recipe)``
-(``$NEMO_MUON_CORPUS_ROOT``, when set, is its ``corpus_root``: a small .py corpus instead of the stdlib).
+``<run dir>/launch.json`` (rank 0; secret values masked) and calls the backend's ``pretrain(recipe)``:
+``nemo_muon.train.pretrain`` (torch; ``$NEMO_MUON_CORPUS_ROOT``, when set, is its ``corpus_root``: a small .py
+corpus instead of the stdlib) or ``nemo_muon.megatron.bridge`` (megatron, in the NeMo container).
 Under ``srun`` with one task per GPU (no torchrun), RANK / WORLD_SIZE / LOCAL_RANK come from SLURM_PROCID /
 SLURM_NTASKS / SLURM_LOCALID.
 """
@@ -13,8 +14,9 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from nemo_muon.launchers.secrets import MASK, is_secret_name
 
@@ -48,6 +50,18 @@ def launch_record(recipe_name: str, overrides: Sequence[str], env: dict[str, str
             "world_size": env.get("WORLD_SIZE"), "slurm_job_id": env.get("SLURM_JOB_ID")}
 
 
+def backend_pretrain(backend: str) -> Callable[..., Any]:
+    """The training function of a backend: 'torch' -> nemo_muon.train.pretrain.pretrain (CPU/GPU, torchrun),
+    'megatron' -> nemo_muon.megatron.bridge.pretrain (Megatron-Bridge in the NeMo container, one task per GPU)."""
+    if backend == "torch":
+        from nemo_muon.train.pretrain import pretrain
+    elif backend == "megatron":
+        from nemo_muon.megatron.bridge import pretrain
+    else:
+        raise ValueError(f"recipe.backend must be one of ('megatron', 'torch'); got {backend!r}")
+    return pretrain
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Build and run the recipe; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m nemo_muon.launchers.run_recipe",
@@ -70,10 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         record = launch_record(args.recipe, args.overrides, dict(os.environ))
         (run_dir / "launch.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    from nemo_muon.train.pretrain import pretrain
-
+    pretrain = backend_pretrain(recipe.backend)
     corpus = os.environ.get(CORPUS_ENV_VAR)
-    pretrain(recipe, **({"corpus_root": corpus} if corpus else {}))
+    if corpus and recipe.backend == "torch":
+        pretrain(recipe, corpus_root=corpus)
+    else:
+        pretrain(recipe)
     return 0
 
 

@@ -184,3 +184,14 @@ def test_torch_backend_on_several_nodes_uses_one_torchrun_per_node_with_c10d(tmp
     assert (f'srun --ntasks-per-node=1 {sys.executable} -m torch.distributed.run --nnodes "$SLURM_NNODES" '
             '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" --rdzv-id "$SLURM_JOB_ID" --nproc-per-node 2 '
             '-m nemo_muon.launchers.run_recipe --recipe tiny_kimi_k2_muon') in script
+
+
+def test_job_entry_dispatches_each_backend_to_its_pretrain() -> None:
+    from nemo_muon.launchers.run_recipe import backend_pretrain
+    from nemo_muon.megatron import bridge
+    from nemo_muon.train import pretrain
+
+    assert backend_pretrain("torch") is pretrain.pretrain
+    assert backend_pretrain("megatron") is bridge.pretrain
+    with pytest.raises(ValueError, match="recipe.backend must be one of"):
+        backend_pretrain("jax")
