@@ -18,14 +18,16 @@ _OPT = re.compile(r"(muon|soap)")
 def baseline_name(recipe: str, compare: str) -> str:
     """'kimi_k2_muon_bf16' + 'adamw' -> 'kimi_k2_adamw_bf16' (the optimizer token swapped)."""
     if not _OPT.search(recipe):
-        raise LaunchError(f"--recipe must name a Muon or SOAP recipe (its name contains 'muon' or 'soap'); got {recipe!r}")
+        raise LaunchError("--recipe must name a Muon or SOAP recipe (its name contains 'muon' or 'soap'); "
+                          f"got {recipe!r}")
     return _OPT.sub(compare, recipe, count=1)
 
 
 @click.command("bench")
 @launch_options
 @click.option("--compare", default="adamw", show_default=True, help="Optimizer of the baseline recipe.")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="Training steps of both runs [default: the recipe's].")
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help="Training steps of both runs [default: the recipe's].")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Report folder [default: <logging root>/bench-<recipe>].")
 @click.option("--dry-run", is_flag=True, help="Print both launches exactly; submit nothing.")
@@ -50,7 +52,8 @@ def bench(recipe: str, executor: str | None, cluster: str | None, profiles: str 
     out = out or first.run_dir.parent / f"bench-{recipe}"
     if dry_run:
         if as_json:
-            click.echo(json.dumps({"dry_run": True, "runs": [p.as_json() for p in plans], "report": str(out)}, indent=2))
+            data = {"dry_run": True, "runs": [p.as_json() for p in plans], "report": str(out)}
+            click.echo(json.dumps(data, indent=2))
         else:
             click.echo(first.describe() + "\n# then (after it, on the same layout):\n" + second.describe(), nl=False)
         return

@@ -33,7 +33,8 @@ def _progress(job_id: str) -> Any:
     return show
 
 
-def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = None, progress: bool = True) -> LaunchResult:
+def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = None,
+            progress: bool = True) -> LaunchResult:
     """Run or submit the plan. Local/docker runs block; Slurm waits (polling squeue at 0.5 s) only if ``wait``.
 
     Ctrl-C while waiting on a Slurm job cancels it (scancel) before returning. Without ``progress`` (``--json``),
@@ -152,7 +153,8 @@ def launch(recipe: str, executor: str | None, cluster: str | None, profiles: str
     except LaunchError as e:
         raise usage_error(e, env) from None
     except (RuntimeError, TimeoutError, OSError) as e:
-        raise click.ClickException(mask_text(str(e), [*plan.secrets.values(), *secret_values(os.environ, env)])) from None
+        secrets = [*plan.secrets.values(), *secret_values(os.environ, env)]
+        raise click.ClickException(mask_text(str(e), secrets)) from None
     if as_json:
         click.echo(json.dumps({**plan.as_json(), "dry_run": False, "job_id": result.job_id, "state": result.state,
                                "exit_code": result.exit_code}, indent=2))

@@ -15,7 +15,8 @@ from nemo_muon.reporting.flops import recipe_flops_per_step
 
 def _megatron_log(path: Path, step_ms: list[float], tflops: float, losses: list[float]) -> Path:
     total = len(step_ms)
-    lines = ["  optimizer ....................................... muon", "  world_size ...................................... 256"]
+    lines = ["  optimizer ....................................... muon",
+             "  world_size ...................................... 256"]
     for it, (ms, loss) in enumerate(zip(step_ms, losses, strict=True), start=1):
         lines.append(f" [2026-11-29 08:00:00] iteration {it:8d}/{total:8d} | consumed samples: {it * 4096:12d} | "
                      f"elapsed time per iteration (ms): {ms:.1f} | throughput per GPU (TFLOP/s/GPU): {tflops:.1f} | "

@@ -135,7 +135,8 @@ def test_megatron_log_interleaved_labelled_and_truncated_lines() -> None:
 
 
 def test_bridge_step_time_lines_are_read_without_iteration_lines() -> None:
-    text = "Step Time : 4.10s GPU utilization: 1029.5 MODEL_TFLOP/s/GPU\nStep Time : 4.00s GPU utilization: 1051.0 MODEL_TFLOP/s/GPU\n"
+    text = ("Step Time : 4.10s GPU utilization: 1029.5 MODEL_TFLOP/s/GPU\n"
+            "Step Time : 4.00s GPU utilization: 1051.0 MODEL_TFLOP/s/GPU\n")
     run = parse_megatron_log(text, name="x", source=Path("x"))
     assert [(p.step, p.step_time_s, p.model_tflops) for p in run.train] == [(1, 4.1, 1029.5), (2, 4.0, 1051.0)]
 
