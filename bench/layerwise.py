@@ -7,7 +7,7 @@
 2. Optimizer-state bytes on the busiest rank vs replicated Muon.
 3. Bytes sent per rank per step (ring model: reduce-scatter + all-gather of the padded buckets, or all-reduce +
    owner broadcasts on gloo) vs ZeRO-1 AdamW (reduce-scatter + all-gather of unpadded element shards).
-4. Overlap: step + next forward with the param gather overlapped vs not, against the gather time itself.
+4. Overlap: time blocked waiting for the param sharing during step + next forward, overlapped vs not.
 5. From the plan alone: NS max/mean for Kimi K2 on 256 GPUs (PP4 VP4 EP64, 16/16/16/13 layers) and Qwen3-30B-A3B
    on 8 (EP8): LPT, LPT with large matrices split, round-robin (KellerJordan/Muon), ping-pong (Megatron legacy).
 """
@@ -98,16 +98,21 @@ def _timed_step(opt: Any, model: nn.Module, rank: int, step: int, group: dist.Pr
     return time.perf_counter() - t0
 
 
-def _step_then_forward(opt: Any, model: nn.Module, rank: int, step: int, group: dist.ProcessGroup) -> float:
+def _step_then_forward(opt: Any, model: nn.Module, rank: int, step: int,
+                       group: dist.ProcessGroup) -> tuple[float, float, int]:
+    """(wall seconds of step + next forward, seconds blocked on the param sharing, buckets that needed no wait)."""
     opt.zero_grad()
     _loss(model, rank, step).backward()
     dist.barrier(group=group)
+    waits0 = [b.wait_s for b in opt.buckets]
     t0 = time.perf_counter()
     opt.step()
     with torch.no_grad():
         model(torch.randn(TOKENS, DIM))  # the next forward: waits for its params in the pre-hooks
     opt.finish_param_gather()
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    waits = [b.wait_s - w for b, w in zip(opt.buckets, waits0, strict=True)]
+    return wall, sum(waits), sum(w < 1e-4 for w in waits)
 
 
 def _worker(rank: int, init: str, steps: int, queue: Any) -> None:
@@ -119,27 +124,25 @@ def _worker(rank: int, init: str, steps: int, queue: Any) -> None:
     from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer as LW
 
     cfg = MuonConfig(lr=1e-3, weight_decay=0.0)
-    models = {k: make_model() for k in ("layerwise", "layerwise_rs", "replicated", "overlap", "adamw")}
+    models = {k: make_model() for k in ("layerwise", "layerwise_rs", "replicated", "no_overlap", "overlap", "adamw")}
     opts = {"layerwise": LW(models["layerwise"], cfg, dp_group=group),
             "layerwise_rs": LW(models["layerwise_rs"], cfg, dp_group=group, collectives="reduce_scatter"),
             "replicated": Replicated(models["replicated"], cfg, group),
-            "overlap": LW(models["overlap"], cfg, dp_group=group, overlap_param_gather=True),
+            # 1 MiB buckets (13 of them) so the first block's params can arrive while later ones are in flight
+            "no_overlap": LW(models["no_overlap"], cfg, dp_group=group, bucket_size_mb=1.0),
+            "overlap": LW(models["overlap"], cfg, dp_group=group, overlap_param_gather=True, bucket_size_mb=1.0),
             "adamw": LW(models["adamw"], AdamWConfig(lr=1e-3, weight_decay=0.0), dp_group=group,
                         collectives="reduce_scatter")}
     times: dict[str, list[float]] = {k: [] for k in ("layerwise", "layerwise_rs", "replicated", "sf_off", "sf_on",
-                                                     "gather")}
+                                                     "blocked_off", "blocked_on", "no_wait_on")}
     for s in range(steps + 1):  # step 0 warms up (state allocation) and is dropped
         t = {"layerwise": _timed_step(opts["layerwise"], models["layerwise"], rank, s, group),
              "replicated": _timed_step(opts["replicated"], models["replicated"], rank, s, group),
              "layerwise_rs": _timed_step(opts["layerwise_rs"], models["layerwise_rs"], rank, s, group),
-             "sf_off": _step_then_forward(opts["layerwise"], models["layerwise"], rank, s, group),
-             "sf_on": _step_then_forward(opts["overlap"], models["overlap"], rank, s, group)}
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        for b in opts["layerwise"].buckets:
-            b.start_gather()
-        opts["layerwise"].finish_param_gather()
-        t["gather"] = time.perf_counter() - t0
+             }
+        t["sf_off"], t["blocked_off"], _ = _step_then_forward(opts["no_overlap"], models["no_overlap"], rank, s, group)
+        t["sf_on"], t["blocked_on"], t["no_wait_on"] = _step_then_forward(opts["overlap"], models["overlap"], rank,
+                                                                          s, group)
         _timed_step(opts["adamw"], models["adamw"], rank, s, group)
         if s:
             for k, v in t.items():
@@ -156,6 +159,7 @@ def _worker(rank: int, init: str, steps: int, queue: Any) -> None:
         "adamw_comm_bytes": opts["adamw"].comm_bytes_per_step(),
         "zero1_comm_bytes": 2 * (WORLD - 1) * -(-numel // WORLD) * elem,
         "plan": lw.plans[0].to_dict(),
+        "overlap_buckets": len(opts["overlap"].buckets),
         "params": numel,
     }
     queue.put((rank, result))
@@ -208,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     # ratios paired step by step (both measured back to back), then the median: robust to load from other jobs
     paired = {k: _median([a / b for a, b in zip(per[k], per["replicated"], strict=True)])
               for k in ("layerwise", "layerwise_rs")}
-    saved = _median([a - b for a, b in zip(per["sf_off"], per["sf_on"], strict=True)])
+    sf_ratio = _median([a / b for a, b in zip(per["sf_on"], per["sf_off"], strict=True)])
+    no_wait = _median([min(r["times"]["no_wait_on"][i] for r in res) for i in range(args.steps)])
     state = max(r["state_bytes"] for r in res) / res[0]["replicated_state_bytes"]
-    hidden = saved / med["gather"] if med["gather"] > 0 else 0.0
     r0 = res[0]
     lines = [
         f"Model: {LAYERS} blocks (qkv {3 * DIM}x{DIM}, o {DIM}x{DIM}, up {FFN}x{DIM}, down {DIM}x{FFN}), "
@@ -230,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{r0['adamw_comm_bytes'] / r0['zero1_comm_bytes']:.4f} | |",
         f"| bytes sent per rank per step, layer-wise Muon (gloo auto mode) / ZeRO-1 AdamW | "
         f"{r0['comm_bytes'] / r0['zero1_comm_bytes']:.4f} | (all-reduce: more bytes, less time on gloo) |",
-        f"| param-gather time hidden by the overlap (saved / gather time) | {hidden:.2f} "
-        f"(step+forward {med['sf_off'] * 1e3:.1f} -> {med['sf_on'] * 1e3:.1f} ms, saved {saved * 1e3:.1f} ms of a "
-        f"{med['gather'] * 1e3:.1f} ms gather) | |",
+        f"| step + next forward, overlapped / not overlapped param sharing | {sf_ratio:.3f} "
+        f"({med['sf_on'] * 1e3:.0f} / {med['sf_off'] * 1e3:.0f} ms) | |",
+        f"| time blocked on param sharing per step, overlapped / not | {med['blocked_on'] * 1e3:.1f} / "
+        f"{med['blocked_off'] * 1e3:.1f} ms; {no_wait:.0f} of {r0['overlap_buckets']} buckets arrived before "
+        "their module needed them | |",
         f"| NS FLOPs plan imbalance on these 2 ranks (max/mean) | {r0['plan']['imbalance']:.4f} | |",
         "",
         "NS load from the plan alone (computed, not run):",

@@ -14,6 +14,7 @@ Two sets of collectives (``COLLECTIVES``), same numbers either way:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +39,8 @@ class Bucket:
     collectives: str = "reduce_scatter"
     flat: torch.Tensor = field(init=False, repr=False)
     pending: list[dist.Work] = field(default_factory=list, init=False, repr=False)
+    wait_s: float = field(default=0.0, init=False)
+    """Seconds spent blocked waiting for this bucket's param sharing (what the overlap did not hide)."""
 
     def __post_init__(self) -> None:
         self.flat = torch.zeros(self.seg_numel * self.world, dtype=self.dtype, device=self.params[0].device)
@@ -96,8 +99,10 @@ class Bucket:
     def finish_gather(self) -> None:
         """Wait for the sharing (if any) and copy the received values into the params."""
         if self.pending:
+            t0 = time.perf_counter()
             for work in self.pending:
                 work.wait()
+            self.wait_s += time.perf_counter() - t0
             self.pending = []
             with torch.no_grad():
                 for i, p in enumerate(self.params):

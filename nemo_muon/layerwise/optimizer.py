@@ -231,7 +231,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
             if master is not p:
                 p.copy_(master)
             b.view_of(i).copy_(p)
-        for b in self.buckets:
+        for b in reversed(self.buckets):  # buckets are in backward order: share the first layers first
             b.start_gather()
         if not self.overlap_param_gather:
             self.finish_param_gather()
@@ -247,6 +247,10 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
     def comm_bytes_per_step(self) -> int:
         """Bytes this rank sends per step for grads and params (ring model, see ``Bucket.comm_bytes``)."""
         return sum(b.comm_bytes() for b in self.buckets)
+
+    def gather_wait_s(self) -> float:
+        """Total seconds blocked waiting for param sharing so far (the part of the gathers not hidden)."""
+        return sum(b.wait_s for b in self.buckets)
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state (and separate master weights) held by this rank."""
