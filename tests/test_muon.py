@@ -247,3 +247,38 @@ def test_bad_arguments_name_the_field(kwargs: dict, message: str) -> None:
     args = {"lr": 1e-3, **kwargs}
     with pytest.raises(ValueError, match=message):
         Muon([("w", torch.nn.Parameter(torch.randn(3, 3)))], **args)
+
+
+def test_named_params_inside_param_groups() -> None:
+    model = _model()
+    named = _named(model)
+    opt = Muon([{"params": named[:3], "lr": 0.1}, {"params": named[3:], "weight_decay": 0.0}], lr=1e-2)
+    assert opt.param_groups[0]["param_names"] == ["embed_tokens.weight", "1.weight", "1.bias"]
+    assert opt.route_of(named[0][1]).algorithm == "adamw" and opt.route_of(named[1][1]).algorithm == "matrix"
+    _train(model, opt, range(2))
+    assert opt.param_groups[0]["lr"] == 0.1 and opt.param_groups[1]["weight_decay"] == 0.0
+
+
+def test_build_optimizer_from_configs() -> None:
+    from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
+    from nemo_muon.optim.factory import build_optimizer
+    from nemo_muon.optim.soap import SOAP
+
+    model = _model()
+    muon = build_optimizer(MuonConfig(lr=0.02, weight_decay=0.05, coefficients="polar_express"), _named(model),
+                           master_weights=True)
+    assert isinstance(muon, Muon) and muon.master_weights
+    assert muon.param_groups[0]["coefficients"] == "polar_express" and muon.param_groups[0]["weight_decay"] == 0.05
+    soap = build_optimizer(SoapConfig(lr=1e-3, precondition_frequency=7), _named(model))
+    assert isinstance(soap, SOAP) and soap.param_groups[0]["precondition_frequency"] == 7
+    adamw = build_optimizer(AdamWConfig(lr=1e-3, betas=(0.8, 0.9)), model.parameters())
+    assert type(adamw) is torch.optim.AdamW and adamw.param_groups[0]["betas"] == (0.8, 0.9)
+    _train(model, muon, range(1))
+    with pytest.raises(ValueError, match=r"runtime arguments for soap must be among .*; got \['tp_mode'\]"):
+        build_optimizer(SoapConfig(), _named(model), tp_mode="distributed")
+    with pytest.raises(ValueError, match=r"runtime arguments for adamw must be among \(\); got \['tp_group'\]"):
+        build_optimizer(AdamWConfig(), model.parameters(), tp_group=None)
+    cfg = MuonConfig()
+    cfg.momentum = 1.5  # recipes may mutate: validated again when built
+    with pytest.raises(ValueError, match="muon.momentum must be a number in"):
+        build_optimizer(cfg, _named(model))
