@@ -107,6 +107,13 @@ class Muon(RoutedOptimizer):
         )
 
     def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
+        """Without TP, one parameter at a time (peak memory: one extra momentum-sized tensor); with TP, all together
+        so that their collectives are fused."""
+        if self.tp_group is None:
+            return [u for it in items for u in self._orthogonalized([it])]
+        return self._orthogonalized(items)
+
+    def _orthogonalized(self, items: list[MatrixItem]) -> list[torch.Tensor]:
         world = 1 if self.tp_group is None else dist.get_world_size(self.tp_group)
         # 1. momentum and NS input per param, split into parts
         parts: list[list[torch.Tensor]] = []

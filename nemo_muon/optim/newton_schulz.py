@@ -120,7 +120,8 @@ def newton_schulz_many(
 
     ``partition_dims``: one per matrix (or one for all). ``algorithm``: ``auto`` (Gram NS for matrices at least
     ``ns_cost.GRAM_MIN_ASPECT`` times wider than tall), ``standard`` or ``gram``. ``stats``, if given, receives
-    ``modes`` (the mode used per matrix), ``all_reduce_calls`` and ``all_gather_calls``.
+    ``modes`` (per matrix: local, duplicated, distributed or blockwise), ``all_reduce_calls`` and
+    ``all_gather_calls``.
     """
     check_positive_int("ns_steps", steps)
     check_choice("coefficients", coefficients, COEFFICIENT_SETS)
@@ -155,7 +156,7 @@ def newton_schulz_many(
                 logger.info("newton_schulz: shard of %s along dim %d is on the short side; distributed NS would "
                             "whiten the long side, so this matrix uses duplicated mode (same result)", full, pdim)
             mode = "duplicated"
-        modes.append("local" if mode == "blockwise" else mode)
+        modes.append(mode)
 
     dup = [i for i, m in enumerate(modes) if m == "duplicated"]
     work = [x.float() for x in xs]
