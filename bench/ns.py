@@ -174,13 +174,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller shapes and fewer repetitions (< ~60 s)")
     ap.add_argument("--scale", type=int, help="divide every model dimension by this (default 8, quick 16)")
     ap.add_argument("--experts", type=int, help="experts per stack (default 8, quick 4)")
-    ap.add_argument("--reps", type=int, help="timed repetitions per implementation (default 5, quick 3)")
+    ap.add_argument("--reps", type=int, help="timed repetitions per implementation (default 7, quick 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     scale = args.scale or (16 if args.quick else 8)
     experts = args.experts or (4 if args.quick else 8)
-    reps = args.reps or (3 if args.quick else 5)
+    reps = args.reps or (3 if args.quick else 7)
     print(run(scale, experts, reps))
 
 
