@@ -282,3 +282,13 @@ def test_build_optimizer_from_configs() -> None:
     cfg.momentum = 1.5  # recipes may mutate: validated again when built
     with pytest.raises(ValueError, match="muon.momentum must be a number in"):
         build_optimizer(cfg, _named(model))
+
+
+def test_param_group_overrides_are_validated() -> None:
+    w = torch.nn.Parameter(torch.randn(3, 3))
+    with pytest.raises(ValueError, match=r"param_groups\[0\]: muon.momentum must be a number in"):
+        Muon([{"params": [w], "momentum": 1.5}], lr=1e-3)
+    opt = Muon([{"params": [w], "ns_steps": 3}], lr=1e-3)
+    with pytest.raises(ValueError, match=r"param_groups\[1\]: muon.coefficients must be one of"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(2, 2))], "coefficients": "cubic"})
+    assert len(opt.param_groups) == 1

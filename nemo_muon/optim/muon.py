@@ -94,6 +94,8 @@ class Muon(RoutedOptimizer):
             ns_precision=ns_precision, tp_mode=tp_mode, split_qkv=split_qkv, split_gate_up=split_gate_up,
             adamw_lr=adamw_lr, adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, nonfinite=nonfinite,
         )
+        self._group_fields = ("lr", "weight_decay", "momentum", "nesterov", "ns_steps", "coefficients", "scale_mode",
+                              "extra_scale_factor", "ns_precision", "adamw_lr", "adamw_betas", "adamw_eps")
         self.tp_group = tp_group
         self.tp_mode = tp_mode
         defaults = dict(
@@ -105,6 +107,9 @@ class Muon(RoutedOptimizer):
             params, defaults, nonfinite=nonfinite, master_weights=master_weights, matrix_rule=matrix_rule,
             fused_layouts=fused_layouts, split_qkv=split_qkv, split_gate_up=split_gate_up, adamw_lr=adamw_lr,
         )
+
+    def _validate_group(self, group: dict[str, Any]) -> None:
+        MuonConfig(**{k: tuple(group[k]) if k == "adamw_betas" else group[k] for k in self._group_fields})
 
     def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
         """Without TP, one parameter at a time (peak memory: one extra momentum-sized tensor); with TP, all together

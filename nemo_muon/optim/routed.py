@@ -84,6 +84,11 @@ class RoutedOptimizer(torch.optim.Optimizer):
         """As torch.optim.Optimizer's, then routes each parameter of the group (see ``nemo_muon.optim.routing``)."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        try:
+            self._validate_group(group)
+        except ValueError as err:
+            self.param_groups.pop()
+            raise ValueError(f"param_groups[{len(self.param_groups)}]: {err}") from None
         forced = group.get("algorithm")
         if forced is not None and forced not in ALGORITHMS:
             raise ValueError(f"param_groups[{len(self.param_groups) - 1}]['algorithm'] must be one of "
@@ -98,6 +103,9 @@ class RoutedOptimizer(torch.optim.Optimizer):
                 name, tuple(p.shape), matrix_rule=self._matrix_rule, forced=forced, layouts=self._layouts,
                 split_qkv=self._split_qkv, split_gate_up=self._split_gate_up,
             )
+
+    def _validate_group(self, group: dict[str, Any]) -> None:
+        """Check a group's hyperparameters (groups may override the defaults); subclasses use their config."""
 
     def route_of(self, p: torch.Tensor) -> Route:
         """The route of a parameter of this optimizer (``algorithm`` "matrix" or "adamw", and its fused layout)."""

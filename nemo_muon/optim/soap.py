@@ -77,11 +77,15 @@ class SOAP(RoutedOptimizer):
         SoapConfig(lr=lr, weight_decay=weight_decay, betas=tuple(betas), shampoo_beta=shampoo_beta, eps=eps,
                    precondition_frequency=precondition_frequency, nonfinite=nonfinite)
         self.tp_group = tp_group
+        self._group_fields = ("lr", "weight_decay", "betas", "shampoo_beta", "eps", "precondition_frequency")
         defaults = dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas), shampoo_beta=shampoo_beta, eps=eps,
                         precondition_frequency=precondition_frequency, adamw_betas=tuple(betas), adamw_eps=eps)
         super().__init__(params, defaults, nonfinite=nonfinite, master_weights=master_weights,
                          matrix_rule=matrix_rule, fused_layouts=None, split_qkv=False, split_gate_up=True,
                          adamw_lr=None)
+
+    def _validate_group(self, group: dict[str, Any]) -> None:
+        SoapConfig(**{k: tuple(group[k]) if k == "betas" else group[k] for k in self._group_fields})
 
     def _full_grad(self, item: MatrixItem) -> tuple[torch.Tensor, int | None, bool]:
         """The gathered global gradient, the partition dim (-2/-1) and whether it is a row-sharded [gate; up]
