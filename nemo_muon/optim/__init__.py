@@ -1,28 +1,16 @@
 """nemo_muon.optim: Newton–Schulz (with TP modes), parameter routing, Muon, SOAP and the optimizer factory.
 
-Heavy imports (torch, emerging-optimizers) happen on first attribute access, so ``import nemo_muon.optim`` is cheap.
+Imports torch (this is not one of the light modules). ``newton_schulz`` here is the function; the module of the same
+name is ``nemo_muon.optim.newton_schulz`` in ``sys.modules``.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from nemo_muon.optim.factory import build_optimizer
+from nemo_muon.optim.muon import Muon
+from nemo_muon.optim.newton_schulz import newton_schulz, newton_schulz_many
+from nemo_muon.optim.routing import GateUpLayout, QKVLayout, default_matrix_rule
+from nemo_muon.optim.soap import SOAP
 
-_LAZY = {
-    "newton_schulz": "nemo_muon.optim.newton_schulz",
-    "newton_schulz_many": "nemo_muon.optim.newton_schulz",
-    "Muon": "nemo_muon.optim.muon",
-    "SOAP": "nemo_muon.optim.soap",
-    "build_optimizer": "nemo_muon.optim.factory",
-    "GateUpLayout": "nemo_muon.optim.routing",
-    "QKVLayout": "nemo_muon.optim.routing",
-    "default_matrix_rule": "nemo_muon.optim.routing",
-}
-
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'nemo_muon.optim' has no attribute {name!r}")
+__all__ = ["SOAP", "GateUpLayout", "Muon", "QKVLayout", "build_optimizer", "default_matrix_rule", "newton_schulz",
+           "newton_schulz_many"]
