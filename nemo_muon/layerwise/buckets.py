@@ -39,6 +39,8 @@ class Bucket:
     collectives: str = "reduce_scatter"
     flat: torch.Tensor = field(init=False, repr=False)
     pending: list[dist.Work] = field(default_factory=list, init=False, repr=False)
+    _reduce_work: dist.Work | None = field(default=None, init=False, repr=False)
+    _reduced_seg: torch.Tensor | None = field(default=None, init=False, repr=False)
     wait_s: float = field(default=0.0, init=False)
     """Seconds spent blocked waiting for this bucket's param sharing (what the overlap did not hide)."""
 
@@ -62,21 +64,30 @@ class Bucket:
         """Indices of the params this rank owns."""
         return [i for i, o in enumerate(self.owners) if o == self.rank]
 
-    def reduce_grads(self) -> torch.Tensor:
-        """Sum every rank's grads; return this rank's segment of the sums (a new tensor)."""
-        self.flat.zero_()
+    def start_reduce(self) -> None:
+        """Copy the grads in (zeros for params without one; the padding is never written, so stays zero) and
+        launch the async reduction."""
         for i, p in enumerate(self.params):
             if p.grad is not None:
                 self.view_of(i).copy_(p.grad)
-        out = torch.empty(self.seg_numel, dtype=self.dtype, device=self.flat.device)
+            else:
+                self.view_of(i).zero_()
         if self.group is None:
-            out.copy_(self.segment())
-        elif self.collectives == "all_reduce":
-            dist.all_reduce(self.flat, group=self.group)
-            out.copy_(self.segment())
+            return
+        if self.collectives == "all_reduce":
+            self._reduced_seg = None
+            self._reduce_work = dist.all_reduce(self.flat, group=self.group, async_op=True)
         else:
-            _reduce_scatter(out, self.flat, self.group)
-        return out
+            self._reduced_seg = torch.empty(self.seg_numel, dtype=self.dtype, device=self.flat.device)
+            self._reduce_work = _reduce_scatter(self._reduced_seg, self.flat, self.group)
+
+    def finish_reduce(self) -> torch.Tensor:
+        """Wait for the reduction; return this rank's segment of the grad sums (a tensor of its own)."""
+        if self.group is None:
+            return self.segment().clone()
+        self._reduce_work.wait()
+        self._reduce_work = None
+        return self.segment().clone() if self._reduced_seg is None else self._reduced_seg
 
     def used(self, rank: int) -> int:
         """Elements of segment ``rank`` holding params (the rest is padding)."""
@@ -121,9 +132,9 @@ class Bucket:
         return 2 * (w - 1) * self.seg_numel * elem
 
 
-def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor, group: dist.ProcessGroup) -> None:
+def _reduce_scatter(out: torch.Tensor, flat: torch.Tensor, group: dist.ProcessGroup) -> dist.Work:
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(out, flat, op=dist.ReduceOp.SUM, group=group)
+    return fn(out, flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
 
 
 def _all_gather(flat: torch.Tensor, seg: torch.Tensor, group: dist.ProcessGroup) -> dist.Work:
