@@ -29,33 +29,38 @@ import torch.multiprocessing as mp
 from torch import nn
 
 WORLD = 2
-DIM, FFN, LAYERS, TOKENS = 256, 1024, 4, 64
+LAYERS, TOKENS = 4, 64
 
 
 class Block(nn.Module):
-    def __init__(self) -> None:
+    """Attention-like and MLP matrices of a transformer block (FFN = 4 x dim)."""
+
+    def __init__(self, dim: int) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(DIM)
-        self.qkv = nn.Linear(DIM, 3 * DIM, bias=False)
-        self.o_proj = nn.Linear(DIM, DIM, bias=False)
-        self.up = nn.Linear(DIM, FFN, bias=False)
-        self.down = nn.Linear(FFN, DIM, bias=False)
+        self.dim = dim
+        self.norm = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+        self.up = nn.Linear(dim, 4 * dim, bias=False)
+        self.down = nn.Linear(4 * dim, dim, bias=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(self.norm(h)).chunk(3, dim=-1)
-        h = h + self.o_proj(torch.softmax(q @ k.T / DIM**0.5, dim=-1) @ v)
+        h = h + self.o_proj(torch.softmax(q @ k.T / self.dim**0.5, dim=-1) @ v)
         return h + self.down(torch.relu(self.up(h)))
 
 
-def make_model() -> nn.Module:
+def make_model(dim: int) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(*[Block() for _ in range(LAYERS)])
+    return nn.Sequential(*[Block(dim) for _ in range(LAYERS)])
+
+
+def _input(model: nn.Module, seed: int) -> torch.Tensor:
+    return torch.randn(TOKENS, model[0].dim, generator=torch.Generator().manual_seed(seed))
 
 
 def _loss(model: nn.Module, rank: int, step: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(100 * step + rank)
-    x = torch.randn(TOKENS, DIM, generator=g)
-    return model(x).pow(2).mean()
+    return model(_input(model, 100 * step + rank)).pow(2).mean()
 
 
 class Replicated:
@@ -99,23 +104,24 @@ def _timed_step(opt: Any, model: nn.Module, rank: int, step: int, group: dist.Pr
 
 
 def _step_then_forward(opt: Any, model: nn.Module, rank: int, step: int,
-                       group: dist.ProcessGroup) -> tuple[float, float, int]:
-    """(wall seconds of step + next forward, seconds blocked on the param sharing, buckets that needed no wait)."""
+                       group: dist.ProcessGroup) -> tuple[float, float, float, int]:
+    """Seconds of (step alone, step + next forward, blocked on the param sharing), buckets that needed no wait."""
     opt.zero_grad()
     _loss(model, rank, step).backward()
     dist.barrier(group=group)
     waits0 = [b.wait_s for b in opt.buckets]
     t0 = time.perf_counter()
     opt.step()
+    t_step = time.perf_counter() - t0
     with torch.no_grad():
-        model(torch.randn(TOKENS, DIM))  # the next forward: waits for its params in the pre-hooks
+        model(_input(model, step))  # the next forward: waits for its params in the pre-hooks
     opt.finish_param_gather()
     wall = time.perf_counter() - t0
     waits = [b.wait_s - w for b, w in zip(opt.buckets, waits0, strict=True)]
-    return wall, sum(waits), sum(w < 1e-4 for w in waits)
+    return t_step, wall, sum(waits), sum(w < 1e-4 for w in waits)
 
 
-def _worker(rank: int, init: str, steps: int, queue: Any) -> None:
+def _worker(rank: int, init: str, steps: int, dim: int, queue: Any) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
@@ -124,7 +130,7 @@ def _worker(rank: int, init: str, steps: int, queue: Any) -> None:
     from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer as LW
 
     cfg = MuonConfig(lr=1e-3, weight_decay=0.0)
-    models = {k: make_model() for k in ("layerwise", "layerwise_rs", "replicated", "no_overlap", "overlap", "adamw")}
+    models = {k: make_model(dim) for k in ("layerwise", "layerwise_rs", "replicated", "no_overlap", "overlap", "adamw")}
     opts = {"layerwise": LW(models["layerwise"], cfg, dp_group=group),
             "layerwise_rs": LW(models["layerwise_rs"], cfg, dp_group=group, collectives="reduce_scatter"),
             "replicated": Replicated(models["replicated"], cfg, group),
@@ -134,15 +140,16 @@ def _worker(rank: int, init: str, steps: int, queue: Any) -> None:
             "adamw": LW(models["adamw"], AdamWConfig(lr=1e-3, weight_decay=0.0), dp_group=group,
                         collectives="reduce_scatter")}
     times: dict[str, list[float]] = {k: [] for k in ("layerwise", "layerwise_rs", "replicated", "sf_off", "sf_on",
-                                                     "blocked_off", "blocked_on", "no_wait_on")}
+                                                     "blocked_off", "blocked_on", "no_wait_on", "overlap_step")}
     for s in range(steps + 1):  # step 0 warms up (state allocation) and is dropped
         t = {"layerwise": _timed_step(opts["layerwise"], models["layerwise"], rank, s, group),
              "replicated": _timed_step(opts["replicated"], models["replicated"], rank, s, group),
              "layerwise_rs": _timed_step(opts["layerwise_rs"], models["layerwise_rs"], rank, s, group),
              }
-        t["sf_off"], t["blocked_off"], _ = _step_then_forward(opts["no_overlap"], models["no_overlap"], rank, s, group)
-        t["sf_on"], t["blocked_on"], t["no_wait_on"] = _step_then_forward(opts["overlap"], models["overlap"], rank,
-                                                                          s, group)
+        _, t["sf_off"], t["blocked_off"], _ = _step_then_forward(opts["no_overlap"], models["no_overlap"], rank, s,
+                                                                 group)
+        t["overlap_step"], t["sf_on"], t["blocked_on"], t["no_wait_on"] = _step_then_forward(
+            opts["overlap"], models["overlap"], rank, s, group)
         _timed_step(opts["adamw"], models["adamw"], rank, s, group)
         if s:
             for k, v in t.items():
@@ -167,12 +174,12 @@ def _worker(rank: int, init: str, steps: int, queue: Any) -> None:
     dist.destroy_process_group()
 
 
-def run_ranks(steps: int) -> list[dict[str, Any]]:
+def run_ranks(steps: int, dim: int) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_worker, args=(r, init, steps, queue)) for r in range(WORLD)]
+        procs = [ctx.Process(target=_worker, args=(r, init, steps, dim, queue)) for r in range(WORLD)]
         for p in procs:
             p.start()
         out = dict(queue.get(timeout=900) for _ in range(WORLD))
@@ -202,22 +209,24 @@ def plan_table() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--dim", type=int, default=384, help="hidden size of the benchmark model (FFN = 4 x dim)")
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown here")
     args = ap.parse_args(argv)
-    res = run_ranks(args.steps)
+    res = run_ranks(args.steps, args.dim)
     # per-step time of the slower rank (the step ends when the last rank is done)
     per = {k: [max(r["times"][k][i] for r in res) for i in range(args.steps)] for k in res[0]["times"]}
     med = {k: _median(v) for k, v in per.items()}
     # ratios paired step by step (both measured back to back), then the median: robust to load from other jobs
     paired = {k: _median([a / b for a, b in zip(per[k], per["replicated"], strict=True)])
-              for k in ("layerwise", "layerwise_rs")}
+              for k in ("layerwise", "layerwise_rs", "overlap_step")}
     sf_ratio = _median([a / b for a, b in zip(per["sf_on"], per["sf_off"], strict=True)])
     no_wait = _median([min(r["times"]["no_wait_on"][i] for r in res) for i in range(args.steps)])
     state = max(r["state_bytes"] for r in res) / res[0]["replicated_state_bytes"]
     r0 = res[0]
+    d = args.dim
     lines = [
-        f"Model: {LAYERS} blocks (qkv {3 * DIM}x{DIM}, o {DIM}x{DIM}, up {FFN}x{DIM}, down {DIM}x{FFN}), "
+        f"Model: {LAYERS} blocks (qkv {3 * d}x{d}, o {d}x{d}, up {4 * d}x{d}, down {d}x{4 * d}), "
         f"{r0['params']:,} params, fp32; {WORLD} gloo ranks, 1 thread each; median of {args.steps} steps (time ratios paired step by step).",
         "",
         "| measure | ratio | target |",
@@ -225,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         f"| optimizer step time, layer-wise (gloo auto: all-reduce + broadcasts) / replicated Muon | "
         f"{paired['layerwise']:.3f} ({med['layerwise'] * 1e3:.0f} / {med['replicated'] * 1e3:.0f} ms)"
         " | <= 0.55 |",
+        f"| optimizer step time, layer-wise with overlap_param_gather (sharing deferred into the next forward) / "
+        f"replicated Muon | {paired['overlap_step']:.3f} ({med['overlap_step'] * 1e3:.0f} ms) | |",
         f"| optimizer step time, layer-wise (reduce-scatter + all-gather) / replicated Muon | "
         f"{paired['layerwise_rs']:.3f} ({med['layerwise_rs'] * 1e3:.0f} ms) | |",
         f"| optimizer-state bytes, busiest rank / replicated Muon | {state:.3f} | <= 0.55 |",
