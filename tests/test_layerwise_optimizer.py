@@ -4,6 +4,7 @@ The helpers at the top (tiny LM, fixed global batches, trainer) are shared with 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -143,7 +144,8 @@ def _equivalence_body(rank: int, world: int, group: Any, cfgs: list[Any]) -> dic
     for cfg in cfgs:
         # gloo's "auto" = all-reduce + owner broadcasts; also run the reduce-scatter + all-gather path
         for key, kwargs in (("overlap=False", {}), ("overlap=True", {"overlap_param_gather": True}),
-                            ("reduce_scatter", {"overlap_param_gather": True, "collectives": "reduce_scatter"})):
+                            ("reduce_scatter", {"overlap_param_gather": True, "collectives": "reduce_scatter"}),
+                            ("grad_hooks", {"overlap_param_gather": True, "overlap_grad_reduce": True})):
             model = make_model()
             opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB, **kwargs)
             train(model, opt, STEPS, rank, world)
@@ -189,7 +191,7 @@ def test_matches_single_process_optimizer(world: int) -> None:
         want_clip, want_norms = reference_run(cfg, world, clip=0.5)
         tol = 1e-6 if world == 2 else max(1e-6, 2 * reorder_spread(cfg, world))
         for res in results:
-            for key in ("overlap=False", "overlap=True", "reduce_scatter"):
+            for key in ("overlap=False", "overlap=True", "reduce_scatter", "grad_hooks"):
                 got = res[f"{cfg.name}/{key}"]
                 if world == 2:
                     assert all(torch.equal(got[n], want[n]) for n in want), cfg.name
@@ -201,7 +203,8 @@ def test_matches_single_process_optimizer(world: int) -> None:
             assert min(want_norms) > 0.5  # the clipping really scaled every step
         # overlap on/off and both sets of collectives: bit-identical, and every rank holds the same params
         assert all(torch.equal(results[0][f"{cfg.name}/overlap=False"][n], r[f"{cfg.name}/{key}"][n])
-                   for r in results for n in want for key in ("overlap=True", "overlap=False", "reduce_scatter"))
+                   for r in results for n in want
+                   for key in ("overlap=True", "overlap=False", "reduce_scatter", "grad_hooks"))
         assert results[0][f"{cfg.name}/buckets"] > 3  # the tiny bucket size really splits the model
         owned = [set(r[f"{cfg.name}/owned"]) for r in results]
         assert set().union(*owned) == set(want) and sum(map(len, owned)) == len(want)  # each param: one owner
@@ -258,6 +261,26 @@ def _misc_body(rank: int, world: int, group: Any) -> dict[str, Any]:
         out[f"{dtype}/params"] = params_of(model)
         out[f"{dtype}/master_ok"] = all(m.dtype == torch.float32 and torch.equal(m.to(dtype), opt._param_of[n])
                                         for n, m in masters.items())
+    # grad reduction overlapped with backward + gradient accumulation (2 micro-batches per rank, the first in no_sync)
+    model = make_model()
+    opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB, overlap_grad_reduce=True)
+    launched = []
+    for s in range(STEPS):
+        opt.zero_grad()
+        for m in range(2):
+            x, y = local_batch(s, rank * 2 + m, world * 2)
+            with opt.no_sync() if m == 0 else contextlib.nullcontext():
+                (loss_fn(model, x, y) / 2).backward()
+            launched.append(sum(b.launched for b in opt.buckets))
+        opt.step()
+    out["accumulated"] = params_of(model)
+    out["launched"] = (launched, len(opt.buckets))
+    opt.zero_grad()
+    loss_fn(model, x, y).backward()
+    try:
+        loss_fn(model, x, y).backward()  # accumulating after the reduction started, without no_sync
+    except RuntimeError as e:
+        out["no_sync_error"] = str(e)
     # a NaN on one rank skips the step on every rank
     model = make_model()
     opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group)
@@ -305,6 +328,7 @@ def test_expert_groups_low_precision_nonfinite_and_group_errors() -> None:
     train_experts(ref, opt, STEPS, 0, 1, micro=2)
     want = params_of(ref)
     fp32, _ = reference_run(MuonConfig(lr=2e-2, weight_decay=0.1), 2)
+    acc_want, _ = reference_run(MuonConfig(lr=2e-2, weight_decay=0.1), 4)
     for rank, r in enumerate(res):
         mine = {n: want[n] for n in r["experts"]}
         assert f"mlp.experts.{rank % 2}.weight" in mine and len(mine) == len(want) - 1
@@ -318,6 +342,10 @@ def test_expert_groups_low_precision_nonfinite_and_group_errors() -> None:
         assert "parameters differ across the ranks of dp_group" in r["differ"] and "blocks.1.up.weight" in r["differ"]
         assert r["pair"] == ("ok" if rank == 0 else "dp_group must contain this rank (global rank 1); it does not")
         assert r["expert_owned"] == [f"mlp.experts.{rank}.weight"]
+        assert max_rel_diff(r["accumulated"], acc_want) < 2e-5  # same mean grad, other sum order (spread ~4e-6)
+        launched, n_buckets = r["launched"]
+        assert launched == [0, n_buckets] * STEPS  # nothing starts inside no_sync; all during the last backward
+        assert "wrap the backward of every micro-batch but the last" in r["no_sync_error"]
 
 
 def test_scheduler_scales_inner_lrs_and_bad_arguments_raise() -> None:

@@ -39,6 +39,8 @@ class Bucket:
     collectives: str = "reduce_scatter"
     flat: torch.Tensor = field(init=False, repr=False)
     pending: list[dist.Work] = field(default_factory=list, init=False, repr=False)
+    launched: bool = field(default=False, init=False)
+    """True between start_reduce() and finish_reduce()."""
     _reduce_work: dist.Work | None = field(default=None, init=False, repr=False)
     _reduced_seg: torch.Tensor | None = field(default=None, init=False, repr=False)
     wait_s: float = field(default=0.0, init=False)
@@ -67,6 +69,8 @@ class Bucket:
     def start_reduce(self) -> None:
         """Copy the grads in (zeros for params without one; the padding is never written, so stays zero) and
         launch the async reduction."""
+        self.finish_gather()  # the flat buffer must not still be receiving params
+        self.launched = True
         for i, p in enumerate(self.params):
             if p.grad is not None:
                 self.view_of(i).copy_(p.grad)
@@ -83,6 +87,7 @@ class Bucket:
 
     def finish_reduce(self) -> torch.Tensor:
         """Wait for the reduction; return this rank's segment of the grad sums (a tensor of its own)."""
+        self.launched = False
         if self.group is None:
             return self.segment().clone()
         self._reduce_work.wait()

@@ -9,6 +9,7 @@ tensors in a forward pre-hook, so it hides in the next forward. Ownership comes 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_range, fail
 from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket, build_buckets, resolve_collectives
+from nemo_muon.layerwise.grad_hooks import GradReduceHooks
 from nemo_muon.layerwise.plan import METHODS, OwnershipPlan, PlanItem, ns_cost, plan_ownership, soap_cost
 
 NamedParams = Sequence[tuple[str, torch.nn.Parameter]]
@@ -63,7 +65,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
                  expert_dp_group: dist.ProcessGroup | None = None, is_expert: Callable[[str], bool] = default_is_expert,
                  overlap_param_gather: bool = False, bucket_size_mb: float = 25.0, master_weights: bool = True,
                  plan_method: str = "lpt", nonfinite: str | None = None, check_replicas: bool = True,
-                 collectives: str = "auto") -> None:
+                 collectives: str = "auto", overlap_grad_reduce: bool = False) -> None:
         check_range("bucket_size_mb", bucket_size_mb, low=0.0, low_inclusive=False)
         check_choice("collectives", collectives, COLLECTIVES)
         check_choice("plan_method", plan_method, METHODS)
@@ -118,6 +120,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         self._reduced = False
         self._clip_coef = 1.0
         self._hooks = self._register_hooks(model) if overlap_param_gather else []
+        self.grad_hooks = GradReduceHooks(self.buckets) if overlap_grad_reduce else None
 
     # ------------------------------------------------------------------ construction helpers
     @staticmethod
@@ -163,7 +166,10 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
             return
         self.finish_param_gather()
         for b in self.buckets:
-            b.start_reduce()
+            if not b.launched:  # not started by the backward hooks (overlap off, or a param got no grad)
+                b.start_reduce()
+        if self.grad_hooks is not None:
+            self.grad_hooks.reset()
         for b in self.buckets:
             seg = b.finish_reduce()
             for i in b.owned():
@@ -253,8 +259,18 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         if not self.overlap_param_gather:
             self.finish_param_gather()
 
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """With ``overlap_grad_reduce``: backward inside this block starts no reduction (gradient accumulation:
+        all micro-batches but the last). Without it: a no-op."""
+        return self.grad_hooks.no_sync() if self.grad_hooks is not None else contextlib.nullcontext()
+
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the model's grads and the masters' grads."""
+        """Clear the model's grads and the masters' grads (draining reductions started by a backward)."""
+        for b in self.buckets:
+            if b.launched:
+                b.finish_reduce()
+        if self.grad_hooks is not None:
+            self.grad_hooks.reset()
         super().zero_grad(set_to_none=set_to_none)
         for m in self.masters.values():
             m.grad = None
