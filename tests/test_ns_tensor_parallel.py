@@ -1,4 +1,4 @@
-"""Tensor-parallel Newton–Schulz (and Muon / SOAP on TP shards) on gloo ranks, against the unsharded result.
+"""Tensor-parallel Newton–Schulz (and Muon / SOAP on TP shards) on gloo ranks, against the unsharded result, and\nMuon on TP shards against Megatron-Core's TensorParallelMuon.
 
 Each world size is one spawn running every case (spawns cost seconds); the tests below assert on its results.
 """
@@ -122,10 +122,46 @@ def _optimizer_cases(rank: int, world: int, group) -> dict:
     return out
 
 
+def _megatron_cases(rank: int, world: int, group) -> dict:
+    """One step of Megatron-Core's TensorParallelMuon on TP shards vs ours, duplicated and distributed modes."""
+    from types import SimpleNamespace
+
+    from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon
+
+    from nemo_muon.optim.muon import Muon
+
+    torch.manual_seed(13)
+    fulls = {"layers.0.linear_fc2.weight": (torch.randn(16, 48), 1),  # row-parallel
+             "layers.0.linear_proj.weight": (torch.randn(48, 16), 0)}  # column-parallel
+    grads = {n: torch.randn(t.shape) for n, (t, _) in fulls.items()}
+    pgs = SimpleNamespace(tp=group, expt_tp=group, gtp_remat=None, expt_gtp_remat=None)
+    out = {}
+    for mode in ("duplicated", "distributed"):
+        results = []
+        for impl in ("megatron", "ours"):
+            params = {}
+            for n, (t, pdim) in fulls.items():
+                p = torch.nn.Parameter(_shard(t, pdim, rank, world).clone())  # a dim-0 shard is a view of t
+                p.tensor_model_parallel, p.partition_dim = True, pdim
+                p.grad = _shard(grads[n], pdim, rank, world)
+                params[n] = p
+            if impl == "megatron":
+                opt = TensorParallelMuon(list(params.values()), lr=0.02, momentum=0.95, nesterov=True,
+                                         weight_decay=0.1, fp32_matmul_prec="highest", pg_collection=pgs,
+                                         tp_mode=mode, is_qkv_fn=lambda p: False)
+            else:
+                opt = Muon(list(params.items()), lr=0.02, weight_decay=0.1, tp_group=group, tp_mode=mode)
+            opt.step()
+            results.append([p.detach().clone() for p in params.values()])
+        out[("megatron", mode)] = max((a - b).abs().max().item() for a, b in zip(*results, strict=True))
+    return out
+
+
 def _body(rank: int, world: int, group, with_optimizers: bool) -> dict:
     out = _ns_cases(rank, world, group)
     if with_optimizers:
         out.update(_optimizer_cases(rank, world, group))
+        out.update(_megatron_cases(rank, world, group))
     return out
 
 
@@ -175,3 +211,10 @@ def test_muon_and_soap_on_tp_shards_match_single_process() -> None:
         assert res[("muon", "distributed")] <= 1e-5
         assert res[("muon", "auto")] <= 1e-5
         assert res[("soap", "-")] <= 1e-5
+
+
+def test_tp_muon_matches_megatron_tensor_parallel_muon() -> None:
+    """Megatron-Core 0.19.2's own TensorParallelMuon at TP=2 (gloo, duck-typed pg_collection), one step."""
+    for res in _results(2):
+        assert res[("megatron", "duplicated")] <= 1e-5
+        assert res[("megatron", "distributed")] <= 1e-5
