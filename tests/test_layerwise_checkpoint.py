@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from nemo_muon.config.optimizer import MuonConfig
@@ -59,6 +60,20 @@ def _resume_body(rank: int, world: int, group: Any, root: str, root_from_dp1: st
     load_checkpoint(step_dir(root_from_dp1, 2), model, opt, group)  # saved by a single process
     train(model, opt, 2, rank, world, start=2)
     out["from_dp1"] = params_of(model)
+
+    # a recorded optimizer-state checksum that only rank 1 (the owner) can check: both ranks must refuse
+    bad = Path(root) / "tampered" / "step_00000002"
+    name = next(n for n, r in opt.plans[0].owners.items() if r == 1)
+    if rank == 0:
+        shutil.copytree(step_dir(root, 2), bad)
+        manifest = json.loads((bad / "manifest.json").read_text())
+        manifest["optimizer_state"][name]["momentum_buffer"] = "0" * 64
+        (bad / "manifest.json").write_text(json.dumps(manifest))
+    dist.barrier(group=group)
+    try:
+        load_checkpoint(bad, model, opt, group)
+    except CheckpointError as e:
+        out["tampered"] = (name, str(e))
     return portable(out)
 
 
@@ -78,6 +93,9 @@ def test_resume_same_dp_bitwise_and_across_dp_sizes(tmp_path: Path) -> None:
         assert all(torch.equal(r["from_dp1"][n], want[n]) for n in want)
         assert r["extra"] == {"step": 2, "note": "hello"}
         assert "already exists" in r["overwrite_error"]
+    name, err = res[1]["tampered"]
+    assert f"optimizer state {name}" in err and "on this rank" in err
+    assert "failed verification after load on another rank" in res[0]["tampered"][1]
 
     model = make_model(seed=5)
     opt = _opt(model, None)
