@@ -120,7 +120,7 @@ def test_cost_model_choices() -> None:
     # shard on the long side of a wide matrix: Gram distributed moves m² instead of m·n and splits the m²n FLOPs
     assert choose_tp_mode((1024, 4096), -1, 4, 5) == "distributed"
     assert choose_tp_mode((4096, 1024), -2, 4, 5) == "distributed"
-    # a small square matrix: standard distributed needs steps+2 collectives; latency makes duplicated cheaper
+    # a small square matrix: standard distributed needs steps+1 collectives; latency makes duplicated cheaper
     assert choose_tp_mode((64, 64), -1, 2, 5) == "duplicated"
     # the same square matrix with free collectives: splitting the FLOPs wins
     free = TPCostModel(latency_s=0.0, bytes_per_s=1e30)

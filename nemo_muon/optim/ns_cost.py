@@ -11,7 +11,7 @@ TP mode choice for one matrix sharded over p ranks along ``partition_dim`` (time
 bytes/bandwidth + collectives*latency, per rank):
 - duplicated: all-gather of the other (p-1)/p of the matrix, then the full NS on every rank.
 - distributed: only possible when the shard is along the contracted (long) side; NS FLOPs of the m²n terms split p
-  ways, the m³ terms duplicated, all-reduces of m×m Gram matrices (1 for gram, steps + 1 for standard, plus one
+  ways, the m³ terms duplicated, all-reduces of m×m Gram matrices (1 for gram, one per step for standard, plus one
   scalar for the norm).
 ``auto`` picks the cheaper of the two (never blockwise, which changes the result).
 """
@@ -74,7 +74,7 @@ def tp_mode_costs(
     if partition_dim == contracted_dim:
         big = 4 * m * m * n if algo == "gram" else steps * 4 * m * m * n
         small = ns_flops(m, n, steps, algo) - big
-        reduces = 2 if algo == "gram" else steps + 2
+        reduces = 2 if algo == "gram" else steps + 1  # the norm, then one Gram matrix (gram) or one per step
         comm_bytes = 2 * frac * m * m * bpe * (reduces - 1)
         costs["distributed"] = (
             (big / world + small) / cost.flops_per_s + comm_bytes / cost.bytes_per_s + reduces * cost.latency_s
