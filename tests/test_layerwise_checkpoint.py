@@ -143,6 +143,8 @@ def test_corrupt_missing_and_foreign_checkpoints_raise_clear_errors(tmp_path: Pa
     with pytest.raises(CheckpointError, match=r"failed verification after load.*param proj.weight"):
         load_copy("mismatch", edit_manifest)
 
+    with pytest.raises(ValueError, match="group must be the optimizer's dp_group"):
+        save_checkpoint(tmp_path / "b", 1, model, opt, {}, group=object())  # type: ignore[arg-type]
     other = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(CheckpointError, match=r"another model.*only in the model \['0.bias', '0.weight'\]"):
         load_checkpoint(ckpt, other, LayerWiseDistributedOptimizer(other, CFG, dp_group=None))

@@ -105,7 +105,10 @@ def _barrier(group: dist.ProcessGroup | None) -> None:
         dist.barrier(group=group)
 
 
-def _require_dense(optimizer: LayerWiseDistributedOptimizer) -> None:
+def _require_dense(optimizer: LayerWiseDistributedOptimizer, group: dist.ProcessGroup | None) -> None:
+    if group is not optimizer.dp_group:
+        raise ValueError(f"group must be the optimizer's dp_group ({optimizer.dp_group!r}); got {group!r} (every rank "
+                         "of the data-parallel group takes part in a save or load)")
     if optimizer.expert_dp_group is not None:
         raise NotImplementedError("checkpoints of a layer-wise optimizer with an expert_dp_group (expert "
                                   "parallelism) are not supported yet: model.pt would hold only rank 0's experts")
@@ -120,7 +123,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, model: torch.nn.Mod
     ``_after_shard`` is a test hook called after this rank's shard is on disk (to kill a save midway).
     """
     check_positive_int("step", step, minimum=0)
-    _require_dense(optimizer)
+    _require_dense(optimizer, group)
     rank, world = _rank_world(group)
     root = Path(root)
     final, tmp = step_dir(root, step), root / f".tmp_step_{step:08d}"
@@ -202,7 +205,7 @@ def _check_same_model(model: torch.nn.Module, manifest: dict[str, Any], path: Pa
 def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: LayerWiseDistributedOptimizer,
                     group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Load checkpoint directory ``path`` (any DP size) into ``model`` and ``optimizer``; verify; return ``extra``."""
-    _require_dense(optimizer)
+    _require_dense(optimizer, group)
     path = Path(path)
     manifest = _read_manifest(path)
     _check_same_model(model, manifest, path)
