@@ -359,6 +359,11 @@ def test_scheduler_scales_inner_lrs_and_bad_arguments_raise() -> None:
     train(half, LayerWiseDistributedOptimizer(half, MuonConfig(lr=1e-2, weight_decay=0.1, adamw_lr=5e-3),
                                               dp_group=None), 2)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), half.parameters(), strict=True))
+    hooked = make_model()
+    lw = LayerWiseDistributedOptimizer(hooked, cfg, dp_group=None, overlap_param_gather=True, overlap_grad_reduce=True)
+    assert any(m._forward_pre_hooks for m in hooked.modules())
+    lw.remove_hooks()
+    assert not any(m._forward_pre_hooks for m in hooked.modules()) and lw.grad_hooks is None
     with pytest.raises(ValueError, match=r"bucket_size_mb must be a number in \(0.0, inf\]; got 0"):
         LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=None, bucket_size_mb=0)
     with pytest.raises(ValueError, match=r"plan_method must be one of \('lpt', 'round_robin', 'ping_pong'\)"):

@@ -259,6 +259,16 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         if not self.overlap_param_gather:
             self.finish_param_gather()
 
+    def remove_hooks(self) -> None:
+        """Finish pending communication and detach the forward pre-hooks and grad hooks from the model."""
+        self.finish_param_gather()
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self.grad_hooks is not None:
+            self.grad_hooks.remove()
+            self.grad_hooks = None
+
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
         """With ``overlap_grad_reduce``: backward inside this block starts no reduction (gradient accumulation:
         all micro-batches but the last). Without it: a no-op."""
