@@ -8,6 +8,9 @@ Usage in a test:
         return some_picklable_result
 
     results = run_distributed(_body, world_size=2, args=(x,), timeout_s=120)   # list indexed by rank
+
+Return plain data (numbers, lists, dicts, numpy arrays via ``t.numpy()``), not torch tensors: a tensor travels
+through shared memory that disappears when the rank exits, so the harness refuses it with a clear error.
 """
 
 from __future__ import annotations
@@ -23,6 +26,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+def _contains_tensor(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return any(_contains_tensor(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_contains_tensor(v) for v in obj)
+    return False
+
+
 def _worker(rank: int, world_size: int, init_file: str, fn: Callable, args: Sequence[Any], queue: Any) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -30,6 +43,9 @@ def _worker(rank: int, world_size: int, init_file: str, fn: Callable, args: Sequ
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
         try:
             result = fn(rank, world_size, dist.group.WORLD, *args)
+            if _contains_tensor(result):
+                raise TypeError(f"{getattr(fn, '__name__', fn)} returned a torch.Tensor; return plain data "
+                                "(numbers, lists, numpy arrays via t.numpy()) from a rank")
             queue.put((rank, "ok", result))
         finally:
             dist.destroy_process_group()

@@ -19,6 +19,15 @@ def _fail_on_rank_one(rank, world_size, group):
     return rank
 
 
+def _return_tensor(rank, world_size, group):
+    return {"x": torch.ones(2)}
+
+
+def test_tensor_results_are_refused_with_a_clear_error():
+    with pytest.raises(RuntimeError, match="returned a torch.Tensor; return plain data"):
+        run_distributed(_return_tensor, world_size=2, timeout_s=60)
+
+
 def test_all_reduce_reaches_every_rank():
     assert run_distributed(_sum_ranks, world_size=2, timeout_s=60) == [3.0, 3.0]
 
