@@ -92,8 +92,10 @@ def test_checkpoints_are_verified_and_never_overwritten(tmp_path):
     model_state, opt_state, manifest = ckpt.load_checkpoint(tmp_path / "step_0000003")
     assert torch.equal(model_state["w"], state["w"]) and manifest["step"] == 3 and manifest["recipe"] == "r"
     (tmp_path / "step_0000009").mkdir()  # a folder without manifest (a writer that died) is never loaded
-    with pytest.warns(UserWarning, match="manifest.json; it is missing"):
+    with pytest.warns(UserWarning) as record:
         assert ckpt.latest_checkpoint(tmp_path).name == "step_0000003"
+    messages = [str(w.message) for w in record]
+    assert any("manifest.json; it is missing" in m for m in messages) and any("model.pt" in m for m in messages)
 
 
 def test_fresh_run_refuses_a_used_run_folder(resumed):
