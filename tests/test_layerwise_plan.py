@@ -106,6 +106,14 @@ def test_plan_places_pinned_then_costed_then_bytes() -> None:
         plan_ownership(_items() + [_items()[0]], 2)
 
 
+def test_plan_starts_from_initial_flops_and_counts_them() -> None:
+    items = [PlanItem("a", (4, 4), 3.0, 10), PlanItem("b", (4, 4), 2.0, 10), PlanItem("c", (4, 4), 2.0, 10)]
+    plan = plan_ownership(items, 2, initial_flops=[4.0, 0.0])  # rank 0 already has 4 FLOPs of other work
+    assert plan.owners == {"a": 1, "b": 1, "c": 0} and plan.flops == [6.0, 5.0]
+    with pytest.raises(ValueError, match=r"initial_flops must be one value per rank \(2\); got '1 values'"):
+        plan_ownership(items, 2, initial_flops=[1.0])
+
+
 _OWNERS_SCRIPT = (
     "import hashlib, json;"
     "from nemo_muon.layerwise.model_plan import model_plan;"

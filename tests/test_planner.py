@@ -143,3 +143,51 @@ def test_gpu_peak_table_functions(tmp_path):
         gpu_peak("tpu")
     with pytest.raises(ValueError, match=r"gpu_peak\[x\].bf16 must be a number in \(0.0, inf\]"):
         GpuPeak("x", 0.0, 1.0)
+
+
+@pytest.mark.parametrize("recipe_name, layout", [
+    ("kimi_k2_muon", {"dp": 64, "pp": 4, "ep": 64, "layers_per_stage": (16, 16, 16, 13)}),
+    ("qwen3_30b_a3b_muon", {"dp": 8, "ep": 8}),
+])
+def test_planner_ns_load_equals_the_layerwise_model_plan(recipe_name, layout):
+    """`nemo-muon plan` and `model_plan` (bench, docs) give the same per-rank NS load for the recipe as configured:
+    the recipe's VP4 interleaved layer placement and model_plan's consecutive 16/16/16/13 stages hold the same
+    layers per PP rank (the dense layer 0 on PP rank 0), and both cost gate/up as the recipe does (fused)."""
+    from nemo_muon.recipes import get_recipe
+
+    from nemo_muon.layerwise.model_plan import model_plan
+
+    recipe = get_recipe(recipe_name)
+    opt = recipe.optimizer
+    assert not opt.split_gate_up  # the megatron backend orthogonalizes linear_fc1 fused
+    p = plan_recipe(recipe)
+    kw = {"split_gate_up": opt.split_gate_up, "split_qkv": opt.split_qkv, "ns_steps": opt.ns_steps, **layout}
+    for split, suffix in ((False, ""), (True, "_if_split")):
+        mp = model_plan(recipe.model, split_large=split, **kw)
+        assert p[f"ns_flops_per_rank_max{suffix}"] == pytest.approx(mp.max_rank_flops, rel=1e-12)
+        assert p[f"ns_imbalance{suffix}"] == pytest.approx(mp.global_imbalance, rel=1e-12)
+        assert p[f"ns_imbalance_within_stage_max{suffix}"] == pytest.approx(mp.within_stage_imbalance, rel=1e-12)
+    assert "modelled, not executed" in p["ns_if_split_note"]
+    if recipe_name == "kimi_k2_muon":
+        # stage 0: 15 MoE layers x 6 pinned experts on every rank, plus the dense layer's fused fc1 on one of them
+        expert = matrix_ns_flops((4096, 7168)) + matrix_ns_flops((7168, 2048))
+        assert p["ns_flops_per_pp_rank_max"][0] >= 15 * 6 * expert + matrix_ns_flops((36864, 7168))
+        assert 1.065 < p["ns_imbalance_if_split"] < p["ns_imbalance"]
+        assert p["ns_imbalance_within_stage_max_if_split"] < 1.01 < p["ns_imbalance_within_stage_max"]
+
+
+def test_split_gate_up_is_costed_per_part_but_owned_as_one_tensor():
+    """Splitting gate/up changes what NS costs, not the ownership unit: a stored tensor has one owner."""
+    from nemo_muon.accounting.layout import validate_layout
+    from nemo_muon.layerwise.model_plan import CostModel, stage_plan
+
+    r = tiny()
+    layout = validate_layout(r)
+    split = stage_plan(r.model, layout, 0, cost=CostModel(split_gate_up=True))
+    fused = stage_plan(r.model, layout, 0, cost=CostModel(split_gate_up=False))
+    name = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
+    assert name in split.expert_replica and not any("[" in n for n in split.plan.owners)
+    cost = {t.item.name: t.item.cost for t in split.tensors}
+    assert cost[name] == pytest.approx(2 * matrix_ns_flops((96, 128)))
+    assert {t.item.name: t.item.cost for t in fused.tensors}[name] == pytest.approx(matrix_ns_flops((192, 128)))
+    assert sum(split.gpu_flops) == pytest.approx(plan_recipe(r)["ns_flops_executed_per_step"])

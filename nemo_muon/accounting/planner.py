@@ -6,12 +6,14 @@ Torch-free. What it models (docs/flops.md has the rules and the arithmetic):
   rank 0 and the final norm + head on the last rank.
 - The ranks of one pipeline stage are tp·cp·dp; rank r has TP rank r mod tp and DP·CP index r div tp, and for
   experts ETP rank r mod etp, EP rank (r div etp) mod ep, expert-DP index r div (etp·ep) (Megatron's order).
-- Layer-wise ownership (``recipe.layerwise``): each routed expert's matrices go to one of the edp replicas of its EP
-  rank (LPT over edp bins), then the stage's other hidden matrices go by LPT (``nemo_muon.layerwise.plan.lpt_assign``)
-  over the dp·cp ranks, starting from the expert load each rank already has. Without layer-wise ownership every
-  replica orthogonalizes all of its matrices. Costs are the NS FLOPs one TP rank executes for the recipe's TP mode.
-- Routed experts of one model have identical shapes, so every EP rank carries the same expert work; the plan
-  computes EP rank 0's experts and uses them for every EP rank.
+- NS load per GPU and the layer-wise ownership come from ``nemo_muon.layerwise.model_plan.stage_plan`` (the one
+  place they are computed; ``model_plan`` / ``compare_methods`` use it too): whole stored tensors are the ownership
+  unit, a fused gate/up or QKV tensor costs the NS of its parts when the optimizer splits it and of the fused
+  matrix when not (the megatron recipes: ``split_gate_up=False``); routed experts stay on their EP rank (LPT over
+  its edp replicas), the stage's other tensors go by LPT over the dp·cp ranks starting from their expert load.
+  Without layer-wise ownership every replica orthogonalizes all of its matrices. Costs are the NS FLOPs one TP
+  rank executes for the recipe's TP mode. ``ns_imbalance_if_split`` (+ ``_within_stage_max_if_split``,
+  ``ns_flops_per_rank_max_if_split``) is modelled, not executed: the largest matrices split over DP ranks.
 - Optimizer state = fp32 master weights + optimizer moments per rank (bf16 weights and gradients are the same for
   every optimizer and left out): AdamW 12 B/param sharded over dp·cp (experts over edp) like Megatron's
   distributed optimizer; Muon 8 B (master + momentum) per element of the matrices a rank owns, AdamW's 12 B for the
@@ -23,16 +25,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_muon.accounting.gpu_peaks import gpu_peak, known_gpus, peak_precision_of, throughput
 from nemo_muon.accounting.layout import Layout, validate_layout
 from nemo_muon.accounting.model_flops import model_flops_per_token
-from nemo_muon.accounting.ns_flops import matrix_ns_flops, ns_flops_per_tp_rank, tp_partition_dim
+from nemo_muon.accounting.ns_flops import matrix_ns_flops
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.config.recipe import TrainingRecipe
-from nemo_muon.models.matrices import ParamInfo, is_moe_layer, layer_params, non_layer_params, param_counts
+from nemo_muon.models.matrices import is_moe_layer, layer_params, param_counts
 from nemo_muon.models.specs import ModelSpec
+
+if TYPE_CHECKING:  # imported in plan_recipe: nemo_muon.layerwise.model_plan imports nemo_muon.accounting
+    from nemo_muon.layerwise.model_plan import StagePlan, StageTensor
 
 COUNTING_RULE = (
     "model: Megatron num_floating_point_operations (6 FLOPs per weight per token, top-k routed experts, causal "
@@ -40,17 +45,6 @@ COUNTING_RULE = (
     "{steps} steps x (4m^2n+2m^3) GEMM or (3m^2n+m^3) SYRK [{method}], per expert, gate/up {gate_up}, QKV {qkv}; "
     "per-rank figures include TP-mode repeats ({tp_mode}); see docs/flops.md"
 )
-
-
-@dataclass(frozen=True)
-class _Item:
-    cost: float
-    """NS FLOPs one TP rank executes."""
-    numel: int
-    """Elements one TP rank holds."""
-    hidden: bool
-    soap_elems: int = 0
-    """SOAP state elements (moments + factors + eigenbases) of the TP rank's shard."""
 
 
 @dataclass
@@ -63,101 +57,48 @@ class _Rank:
     """Elements of AdamW-updated params this rank updates (element-sharded)."""
 
 
-def _item(p: ParamInfo, tp: int, etp: int, tp_mode: str, steps: int, syrk: bool) -> _Item:
-    width = etp if p.kind == "expert" else tp
-    pdim = tp_partition_dim(p) if len(p.shape) == 2 else None
-    shard = list(p.shape)
-    if pdim is not None and width > 1:
-        shard[pdim] //= width
-    numel = 1
-    for d in shard:
-        numel *= d
-    if not p.is_hidden_matrix:
-        return _Item(0.0, numel, False)
-    m, n = shard
-    cost = ns_flops_per_tp_rank(p.shape, width, tp_mode, pdim, steps, syrk=syrk)
-    return _Item(cost, numel, True, 3 * m * n + 2 * (m * m + n * n))
+def _soap_elems(t: StageTensor) -> int:
+    """SOAP state elements (moments + Kronecker factors + eigenbases) of a tensor's NS matrices."""
+    return sum(3 * m * n + 2 * (m * m + n * n) for m, n in t.parts)
 
 
-class _Templates:
-    """Per-TP-rank items of one dense and one MoE layer (every layer of a kind has the same shapes)."""
-
-    def __init__(self, spec: ModelSpec, layout: Layout, kw: dict[str, Any], split: dict[str, bool]) -> None:
-        self.spec, self.layout, self.kw, self.split = spec, layout, kw, split
-        self._cache: dict[bool, tuple[list[_Item], list[_Item]]] = {}
-
-    def layer(self, index: int) -> tuple[list[_Item], list[_Item]]:
-        """(non-expert items, items of EP rank 0's local experts) of decoder layer ``index``."""
-        moe = is_moe_layer(self.spec, index)
-        if moe not in self._cache:
-            local = self.spec.num_experts // self.layout.ep if moe else 0
-            dense, experts = [], []
-            for p in layer_params(self.spec, index, **self.split):
-                if p.kind == "expert":
-                    if p.expert < local:
-                        experts.append(_item(p, self.layout.tp, self.layout.etp, **self.kw))
-                else:
-                    dense.append(_item(p, self.layout.tp, self.layout.etp, **self.kw))
-            self._cache[moe] = (dense, experts)
-        return self._cache[moe]
-
-
-def _stage_items(spec: ModelSpec, layout: Layout, pp_rank: int, tpl: _Templates) -> tuple[list[_Item], list[_Item]]:
-    dense: list[_Item] = []
-    experts: list[_Item] = []
-    for i in layout.pp_rank_layers(pp_rank):
-        d, e = tpl.layer(i)
-        dense += d
-        experts += e
-    first, last = non_layer_params(spec)
-    extra = (first if pp_rank == 0 else []) + (last if pp_rank == layout.pp - 1 else [])
-    dense += [_item(p, layout.tp, layout.etp, **tpl.kw) for p in extra]
-    return dense, experts
-
-
-def _lpt_loads(items: list[_Item], bins: int, initial: list[float]) -> tuple[list[float], list[int], list[int]]:
-    """(added NS load, owned hidden numel, owned SOAP elements) per bin after LPT on the items' NS costs."""
-    from nemo_muon.layerwise.plan import lpt_assign
-
-    hidden = [it for it in items if it.hidden]
-    owners = lpt_assign([it.cost for it in hidden], bins, initial_loads=initial)
-    loads, numel, soap = [0.0] * bins, [0] * bins, [0] * bins
-    for it, b in zip(hidden, owners, strict=True):
-        loads[b] += it.cost
-        numel[b] += it.numel
-        soap[b] += it.soap_elems
-    return loads, numel, soap
-
-
-def _stage_ranks(layout: Layout, dense: list[_Item], experts: list[_Item], layerwise: bool) -> list[_Rank]:
-    tp, etp, ep = layout.tp, layout.etp, layout.ep
-    dpcp, edp = layout.dp * layout.cp, layout.edp
-    nranks = tp * dpcp
-    if layerwise:
-        e_load, e_numel, e_soap = _lpt_loads(experts, edp, [0.0] * edp)
-    else:
-        full = [sum(it.cost for it in experts if it.hidden), sum(it.numel for it in experts if it.hidden),
-                sum(it.soap_elems for it in experts)]
-        e_load, e_numel, e_soap = ([full[0]] * edp, [full[1]] * edp, [full[2]] * edp)
-    expert_adam = sum(it.numel for it in experts if not it.hidden)
-    edp_of = [r // (etp * ep) for r in range(nranks)]
-    if layerwise:
-        initial = [e_load[edp_of[b * tp]] for b in range(dpcp)]
-        d_load, d_numel, d_soap = _lpt_loads(dense, dpcp, initial)
-    else:
-        hidden = [it for it in dense if it.hidden]
-        d_load = [sum(it.cost for it in hidden)] * dpcp
-        d_numel = [sum(it.numel for it in hidden)] * dpcp
-        d_soap = [sum(it.soap_elems for it in hidden)] * dpcp
-    dense_numel = sum(it.numel for it in dense)
-    expert_numel = sum(it.numel for it in experts)
-    dense_adam = sum(it.numel for it in dense if not it.hidden)
+def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool) -> list[_Rank]:
+    """Per-GPU NS load, held elements, owned matrix elements and AdamW share of one stage (``sp`` from
+    ``nemo_muon.layerwise.model_plan.stage_plan``, the one source of the ownership and of the NS load)."""
+    tp, etp, ep, edp = layout.tp, layout.etp, layout.ep, layout.edp
+    dpcp = layout.dp * layout.cp
+    dense = [t for t in sp.tensors if t.ep_rank is None]
+    dense_numel = sum(t.item.numel for t in dense)
+    dense_adam = sum(t.item.numel for t in dense if not t.hidden)
+    d_numel, d_soap, d_ns = [0] * dpcp, [0] * dpcp, [0.0] * dpcp
+    e_numel = [[0] * edp for _ in range(ep)]
+    e_soap = [[0] * edp for _ in range(ep)]
+    e_ns = [[0.0] * edp for _ in range(ep)]
+    e_held = [0] * ep
+    e_adam = [0] * ep
+    for t in sp.tensors:
+        if not t.hidden:
+            if t.ep_rank is not None:
+                e_held[t.ep_rank] += t.item.numel
+                e_adam[t.ep_rank] += t.item.numel
+            continue
+        if t.ep_rank is None:
+            for b in [sp.plan.owners[t.item.name]] if layerwise else range(dpcp):
+                d_numel[b] += t.item.numel
+                d_soap[b] += _soap_elems(t)
+                d_ns[b] += t.item.cost
+            continue
+        e_held[t.ep_rank] += t.item.numel
+        for k in [sp.expert_replica[t.item.name]] if layerwise else range(edp):
+            e_numel[t.ep_rank][k] += t.item.numel
+            e_soap[t.ep_rank][k] += _soap_elems(t)
+            e_ns[t.ep_rank][k] += t.item.cost
     ranks = []
-    for r in range(nranks):
-        b, e = r // tp, edp_of[r]
-        ranks.append(_Rank(ns=d_load[b] + e_load[e], numel=dense_numel + expert_numel,
-                           owned_hidden=d_numel[b] + e_numel[e], owned_soap=d_soap[b] + e_soap[e],
-                           adam_share=dense_adam / dpcp + expert_adam / edp))
+    for r in range(tp * dpcp):
+        b, e, k = r // tp, (r // etp) % ep, r // (etp * ep)
+        ns = sp.gpu_flops[r] if layerwise else d_ns[b] + e_ns[e][k]
+        ranks.append(_Rank(ns=ns, numel=dense_numel + e_held[e], owned_hidden=d_numel[b] + e_numel[e][k],
+                           owned_soap=d_soap[b] + e_soap[e][k], adam_share=dense_adam / dpcp + e_adam[e] / edp))
     return ranks
 
 
@@ -179,6 +120,8 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     is an explicit pipeline layout (see ``validate_layout``). Raises ``LayoutError`` (ValueError) naming the
     constraint when the layout is invalid.
     """
+    from nemo_muon.layerwise.model_plan import CostModel, stage_plan
+
     layout = validate_layout(recipe, world_size, stage_layers)
     spec, opt, tr = recipe.model, recipe.optimizer, recipe.trainer
     gpu = recipe.system.gpu if gpu is None else gpu
@@ -187,21 +130,25 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     tp_mode = opt.tp_mode if is_muon else "duplicated"
     split = {"split_gate_up": opt.split_gate_up, "split_qkv": opt.split_qkv} if is_muon else \
         {"split_gate_up": True, "split_qkv": True}
-    tpl = _Templates(spec, layout, {"tp_mode": tp_mode, "steps": steps, "syrk": syrk}, split)
+    cost = CostModel(steps=steps, syrk=syrk, tp_mode=tp_mode, **split)
     ranks: list[_Rank] = []
     stage_imbalance: list[float] = []
     stage_max: list[float] = []
     stage_min: list[float] = []
+    split_loads: list[float] = []
+    split_within = 1.0
     opt_bytes: dict[str, float] = {"adamw": 0.0, "muon": 0.0, "soap": 0.0}
     opt_name = "muon" if is_muon else ("soap" if isinstance(opt, SoapConfig) else "adamw")
     recipe_opt_bytes = 0.0
     gather_max = gather_total = 0.0
     for p in range(layout.pp):
-        dense, experts = _stage_items(spec, layout, p, tpl)
-        layerwise = _stage_ranks(layout, dense, experts, True)
-        stage = layerwise if recipe.layerwise else _stage_ranks(layout, dense, experts, False)
-        dense_numel = sum(it.numel for it in dense)
-        expert_numel = sum(it.numel for it in experts)
+        sp = stage_plan(spec, layout, p, cost=cost)
+        layerwise = _stage_ranks(layout, sp, True)
+        stage = layerwise if recipe.layerwise else _stage_ranks(layout, sp, False)
+        dense_numel = sum(t.item.numel for t in sp.tensors if t.ep_rank is None)
+        expert_numel = sum(t.item.numel for t in sp.tensors if t.ep_rank == 0)
+        if is_muon and recipe.layerwise:
+            split_loads += stage_plan(spec, layout, p, cost=cost, split_large=True, tensors=sp.tensors).gpu_flops
         for rk, lw in zip(stage, layerwise, strict=True):
             # the comparison across optimizers uses layer-wise ownership for Muon/SOAP, Megatron's DistOpt for AdamW
             for k, v in _optimizer_bytes(lw, dense_numel, expert_numel, layout).items():
@@ -221,6 +168,9 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
         stage_imbalance.append(max(loads) / mean if mean > 0 else 1.0)
         stage_max.append(max(loads))
         stage_min.append(min(loads))
+        if split_loads:
+            split_stage = split_loads[-len(stage):]
+            split_within = max(split_within, max(split_stage) / (sum(split_stage) / len(split_stage)))
         ranks += stage
     useful = _useful_ns_flops(spec, split, steps, syrk) if is_muon else 0.0
     loads = [rk.ns for rk in ranks] if is_muon else [0.0] * len(ranks)
@@ -253,6 +203,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
         "ns_flops_per_rank_mean": rank_mean,
         "ns_imbalance": rank_max / rank_mean if rank_mean > 0 else 1.0,
         "ns_imbalance_within_stage_max": max(stage_imbalance),
+        **_if_split(split_loads, split_within),
         "ns_flops_per_pp_rank_max": stage_max,
         "ns_flops_per_pp_rank_min": stage_min,
         "ns_to_model_flops": useful / (flops.total * tokens),
@@ -270,6 +221,24 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     if step_time_s is not None:
         out.update(_measured(out, step_time_s, gpu, recipe.precision.kind))
     return out
+
+
+SPLIT_NOTE = (
+    "modelled, not executed (nemo_muon.layerwise.model_plan split_large): a matrix costing more than half a "
+    "stage's mean free NS load per DP rank is split into row blocks orthogonalized jointly by that many DP ranks "
+    "(distributed NS); communication not counted; null without layer-wise Muon"
+)
+
+
+def _if_split(loads: list[float], within: float) -> dict[str, Any]:
+    """The modelled split-large-matrices figures (None when the recipe has no layer-wise Muon)."""
+    mean = sum(loads) / len(loads) if loads else 0.0
+    return {
+        "ns_imbalance_if_split": max(loads) / mean if mean > 0 else None,
+        "ns_imbalance_within_stage_max_if_split": within if mean > 0 else None,
+        "ns_flops_per_rank_max_if_split": max(loads) if mean > 0 else None,
+        "ns_if_split_note": SPLIT_NOTE,
+    }
 
 
 def _measured(plan: dict[str, Any], step_time_s: float, gpu: str, precision: str) -> dict[str, Any]:

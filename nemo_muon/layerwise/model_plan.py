@@ -1,14 +1,26 @@
-"""Ownership plans of a whole ModelSpec at scale (computed, not run): NS load per GPU under PP, DP and EP.
+"""Ownership plans of a whole ModelSpec at scale (computed, not run): NS load per GPU under TP, PP, CP, DP and EP.
 
-Layout model (Megatron-Core): TP=1; ``pp`` stages each hold ``layers_per_stage[s]`` consecutive decoder layers
-(virtual pipeline chunks of a rank are all on that rank, so VP does not change per-rank totals); the embedding is on
-the first stage, the final norm and output head on the last. Each stage has ``dp`` data-parallel ranks; DP rank d
-is EP rank ``d % ep``. Routed experts live on their EP rank (``expert // (num_experts / ep)``); with expert-DP
-``dp / ep`` > 1 an EP rank's experts are spread over its expert-DP ranks by the same method, with expert-DP = 1
-they are pinned. Every other tensor (fused gate/up or QKV parts together: they are one stored tensor) is free
-and placed by the method. Element-wise tensors (embedding, head, norms) cost 0 NS FLOPs and are placed by bytes.
+This module is the one place the per-rank Newton–Schulz load of the layer-wise optimizer is computed:
+``stage_plan`` plans one pipeline stage of a validated ``Layout``; ``nemo-muon plan`` (``accounting.planner``)
+and ``model_plan`` / ``compare_methods`` (bench, docs) both call it.
 
-``split_large=True`` models what the engine does not do (yet): a free matrix whose NS cost exceeds
+Model (Megatron-Core's layout):
+
+- PP rank p holds the decoder layers of its virtual stages (``Layout.pp_rank_layers``), the embedding on rank 0,
+  the final norm and the head on the last rank.
+- The GPUs of one stage are tp·cp·dp; GPU r has TP rank r mod tp and DP·CP index r div tp, and for routed experts
+  ETP rank r mod etp, EP rank (r div etp) mod ep and expert-DP index r div (etp·ep).
+- The ownership unit is a stored tensor (the engine and Megatron's layer-wise optimizer own whole tensors). A fused
+  gate/up or QKV tensor costs the NS of its parts when the optimizer splits it (``split_gate_up`` / ``split_qkv``)
+  and of the fused matrix when it does not (Megatron orthogonalizes ``linear_fc1`` fused), but is owned as one.
+- Cost = NS FLOPs one TP rank executes for the TP mode (``accounting.ns_flops.ns_flops_per_tp_rank``); shapes and
+  bytes are the TP rank's shard. Element-wise tensors cost 0 and are placed by bytes.
+- Routed experts of EP rank e are spread over its expert-DP replicas by the method (pinned when expert-DP = 1);
+  the stage's other tensors go to the dp·cp ranks by the method, starting from the expert work each rank has.
+  When etp = tp (Megatron's default) a DP·CP rank's TP ranks hold the same experts and the experts are pinned in
+  the same plan; otherwise the DP plan starts from the busiest TP rank's expert load.
+
+``split_large=True`` models what the engine does not do (yet): a free matrix whose cost exceeds
 ``split_threshold`` x the stage's mean free load per rank is split into k equal row blocks orthogonalized jointly
 by k DP ranks (distributed NS, Gram matrix all-reduced: exact when split along the long side), communication not
 counted. This is the only way below the LPT bound set by one whole o_proj or dense-MLP matrix on one rank.
@@ -22,17 +34,162 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_muon._validation import check_choice, check_positive_int, check_range, fail
-from nemo_muon.layerwise.plan import METHODS, Method, OwnershipPlan, PlanItem, ns_cost, plan_ownership
+from nemo_muon.accounting.layout import Layout
+from nemo_muon.accounting.ns_flops import ns_flops_per_tp_rank, tp_partition_dim
+from nemo_muon.layerwise.plan import METHODS, Method, OwnershipPlan, PlanItem, plan_ownership
+from nemo_muon.models.matrices import ParamInfo, is_moe_layer, layer_params, non_layer_params
 from nemo_muon.models.specs import ModelSpec
 
 KIMI_K2_BRIDGE_LAYERS: tuple[int, ...] = (16, 16, 16, 13)
 """Decoder layers per PP rank in Megatron-Bridge's Kimi K2 PP4 VP4 recipe."""
 
 
-def default_layers_per_stage(num_layers: int, pp: int) -> tuple[int, ...]:
-    """Even split, the first ``num_layers % pp`` stages one layer more."""
-    q, r = divmod(num_layers, pp)
-    return tuple(q + 1 if s < r else q for s in range(pp))
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """How a tensor's NS work is counted: steps, GEMM or SYRK count, which fused tensors are split, TP mode."""
+
+    steps: int = 5
+    syrk: bool = False
+    split_gate_up: bool = True
+    split_qkv: bool = True
+    tp_mode: str = "duplicated"
+
+
+@dataclass(frozen=True)
+class StageTensor:
+    """One stored tensor of a stage as one TP rank sees it."""
+
+    item: PlanItem
+    """Name of the stored tensor, TP-shard shape, NS FLOPs one TP rank executes, bytes of the shard."""
+    parts: tuple[tuple[int, int], ...]
+    """TP-shard shape of each matrix NS runs on (one, or the split gate/up / QKV parts); () if element-wise."""
+    ep_rank: int | None = None
+    """EP rank holding this routed expert; None for every other tensor."""
+
+    @property
+    def hidden(self) -> bool:
+        """True for the matrices Muon orthogonalizes."""
+        return bool(self.parts)
+
+
+@dataclass
+class StagePlan:
+    """Ownership of one pipeline stage and the NS FLOPs each of its GPUs executes."""
+
+    tensors: list[StageTensor]
+    plan: OwnershipPlan
+    """Owners among the stage's dp·cp ranks (routed experts included when etp = tp); ``flops`` per DP·CP rank."""
+    expert_replica: dict[str, int]
+    """Routed expert -> expert-DP replica (of its EP rank) that owns it."""
+    gpu_flops: list[float]
+    """NS FLOPs per step of each GPU of the stage (tp·cp·dp, Megatron's rank order)."""
+
+
+def _shard(shape: tuple[int, ...], width: int, pdim: int | None) -> tuple[int, ...]:
+    if pdim is None or width == 1:
+        return shape
+    out = list(shape)
+    out[pdim] //= width
+    return tuple(out)
+
+
+def _layer_tensors(spec: ModelSpec, params: list[ParamInfo], layout: Layout, cost: CostModel,
+                   bytes_per_param: int, experts_per_ep: int) -> list[StageTensor]:
+    merged: dict[str, list[ParamInfo]] = {}
+    for p in params:
+        merged.setdefault(p.tensor_name, []).append(p)
+    out: list[StageTensor] = []
+    for name, ps in merged.items():
+        width = layout.etp if ps[0].kind == "expert" else layout.tp
+        pdim = tp_partition_dim(ps[0]) if len(ps[0].shape) == 2 else None
+        numel = sum(math.prod(_shard(p.shape, width, pdim)) for p in ps)
+        hidden = [p for p in ps if p.is_hidden_matrix]
+        flops = sum(ns_flops_per_tp_rank(p.shape, width, cost.tp_mode, pdim, cost.steps, syrk=cost.syrk)
+                    for p in hidden)
+        shape = _shard(tuple(ps[0].shape[:-2]) + (sum(p.shape[0] for p in ps),) + ps[0].shape[-1:], width, pdim) \
+            if len(ps) > 1 else _shard(ps[0].shape, width, pdim)
+        parts = tuple(_shard(p.shape, width, pdim) for p in hidden)
+        ep_rank = None if ps[0].expert is None else ps[0].expert // experts_per_ep
+        out.append(StageTensor(PlanItem(name, shape, flops, numel * bytes_per_param), parts, ep_rank))  # type: ignore[arg-type]
+    return out
+
+
+def stage_tensors(spec: ModelSpec, layout: Layout, pp_rank: int, cost: CostModel = CostModel(),
+                  bytes_per_param: int = 2) -> list[StageTensor]:
+    """The stored tensors PP rank ``pp_rank`` holds (decoder layers in order, then embedding / final norm / head)."""
+    per_ep = spec.num_experts // layout.ep if spec.num_experts else 1
+    templates: dict[bool, tuple[int, list[StageTensor]]] = {}
+    out: list[StageTensor] = []
+    for i in layout.pp_rank_layers(pp_rank):
+        moe = is_moe_layer(spec, i)
+        if moe not in templates:  # every layer of a kind has the same tensors: build once, rename per layer
+            ps = layer_params(spec, i, split_gate_up=cost.split_gate_up, split_qkv=cost.split_qkv)
+            templates[moe] = (i, _layer_tensors(spec, ps, layout, cost, bytes_per_param, per_ep))
+        j, tpl = templates[moe]
+        old, new = f"decoder.layers.{j}.", f"decoder.layers.{i}."
+        if i == j:
+            out += tpl
+            continue
+        cut = len(old)
+        out += [StageTensor(PlanItem(new + t.item.name[cut:], t.item.shape, t.item.cost, t.item.nbytes), t.parts,
+                            t.ep_rank) for t in tpl]
+    first, last = non_layer_params(spec)
+    extra = (first if pp_rank == 0 else []) + (last if pp_rank == layout.pp - 1 else [])
+    return out + _layer_tensors(spec, extra, layout, cost, bytes_per_param, per_ep)
+
+
+def _split(items: list[PlanItem], threshold: float) -> list[PlanItem]:
+    out: list[PlanItem] = []
+    for it in items:
+        k = math.ceil(it.cost / threshold) if threshold > 0 and it.cost > threshold else 1
+        if k == 1:
+            out.append(it)
+            continue
+        for j in range(k):
+            out.append(PlanItem(f"{it.name}[rows {j}/{k}]", it.shape, it.cost / k, it.nbytes // k))
+    return out
+
+
+def stage_plan(spec: ModelSpec, layout: Layout, pp_rank: int, *, method: Method = "lpt",
+               cost: CostModel = CostModel(), split_large: bool = False, split_threshold: float = 0.5,
+               bytes_per_param: int = 2, tensors: list[StageTensor] | None = None) -> StagePlan:
+    """Layer-wise ownership of PP rank ``pp_rank``'s tensors and the NS FLOPs of each of its GPUs (module doc).
+
+    ``tensors`` reuses a ``stage_tensors(spec, layout, pp_rank, cost, bytes_per_param)`` list built before."""
+    check_choice("method", method, METHODS)
+    check_range("split_threshold", split_threshold, low=0.0, low_inclusive=False)
+    if tensors is None:
+        tensors = stage_tensors(spec, layout, pp_rank, cost, bytes_per_param)
+    tp, etp, ep, edp, dpcp = layout.tp, layout.etp, layout.ep, layout.edp, layout.dp * layout.cp
+    expert_replica: dict[str, int] = {}
+    expert_load = [[0.0] * edp for _ in range(ep)]
+    by_ep: dict[int, list[PlanItem]] = {}
+    for t in tensors:
+        if t.ep_rank is not None:
+            by_ep.setdefault(t.ep_rank, []).append(t.item)
+    first: tuple[list[tuple[Any, ...]], list[int], list[float]] | None = None
+    for e, items in by_ep.items():
+        key = [(it.shape, it.cost, it.nbytes) for it in items]
+        if first is None or key != first[0]:  # EP ranks with identical experts get the identical (deterministic) plan
+            sub = plan_ownership(items, edp, method)
+            first = (key, [sub.owners[it.name] for it in items], sub.flops)
+        expert_replica.update(zip((it.name for it in items), first[1], strict=True))
+        expert_load[e] = list(first[2])
+    gpu_expert = [expert_load[(r // etp) % ep][r // (etp * ep)] for r in range(tp * dpcp)]
+    free = [t.item for t in tensors if t.ep_rank is None]
+    if split_large:
+        free = _split(free, split_threshold * sum(it.cost for it in free) / dpcp)
+    if tp == etp:  # DP·CP rank b holds EP rank b mod ep's experts of replica b div ep on all of its TP ranks
+        pinned = [PlanItem(t.item.name, t.item.shape, t.item.cost, t.item.nbytes,
+                           pinned_rank=t.ep_rank + ep * expert_replica[t.item.name])
+                  for t in tensors if t.ep_rank is not None]
+        plan = plan_ownership(pinned + free, dpcp, method)
+        gpu = [plan.flops[r // tp] for r in range(tp * dpcp)]
+    else:
+        start = [max(gpu_expert[b * tp:(b + 1) * tp]) for b in range(dpcp)]
+        plan = plan_ownership(free, dpcp, method, initial_flops=start)
+        gpu = [plan.flops[r // tp] - start[r // tp] + gpu_expert[r] for r in range(tp * dpcp)]
+    return StagePlan(tensors=tensors, plan=plan, expert_replica=expert_replica, gpu_flops=gpu)
 
 
 @dataclass
@@ -95,54 +252,26 @@ class ModelPlan:
         return "\n".join(lines)
 
 
-def _stage_items(spec: ModelSpec, params: Sequence[Any], layers: range, first: bool, last: bool, ep: int,
-                 ns_steps: int, bytes_per_param: int) -> tuple[list[PlanItem], list[tuple[PlanItem, int]]]:
-    """Free items and (expert item, EP rank) pairs of one stage; split parts of one tensor merged."""
-    merged: dict[str, dict[str, Any]] = {}
-    for p in params:
-        if p.layer is None:
-            if (p.kind == "embedding" and not first) or (p.kind != "embedding" and not last):
-                continue
-        elif p.layer not in layers:
-            continue
-        cost = ns_cost(p.shape, ns_steps) if p.is_hidden_matrix else 0.0
-        entry = merged.setdefault(p.tensor_name, {"cost": 0.0, "numel": 0, "expert": p.expert, "shape": p.shape})
-        entry["cost"] += cost
-        entry["numel"] += p.numel
-    per_ep = spec.num_experts // ep if spec.num_experts else 1
-    free: list[PlanItem] = []
-    experts: list[tuple[PlanItem, int]] = []
-    for name, e in merged.items():
-        item = PlanItem(name, tuple(e["shape"]), e["cost"], e["numel"] * bytes_per_param)
-        if e["expert"] is None:
-            free.append(item)
-        else:
-            experts.append((item, e["expert"] // per_ep))
-    return free, experts
-
-
-def _split(items: list[PlanItem], threshold: float) -> list[PlanItem]:
-    out: list[PlanItem] = []
-    for it in items:
-        k = math.ceil(it.cost / threshold) if threshold > 0 and it.cost > threshold else 1
-        if k == 1:
-            out.append(it)
-            continue
-        for j in range(k):
-            out.append(PlanItem(f"{it.name}[rows {j}/{k}]", it.shape, it.cost / k, it.nbytes // k))
-    return out
+def default_layers_per_stage(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Even split, the first ``num_layers % pp`` stages one layer more."""
+    q, r = divmod(num_layers, pp)
+    return tuple(q + 1 if s < r else q for s in range(pp))
 
 
 def model_plan(spec: ModelSpec, *, dp: int, pp: int = 1, ep: int = 1, layers_per_stage: Sequence[int] | None = None,
                method: Method = "lpt", split_large: bool = False, split_threshold: float = 0.5, ns_steps: int = 5,
-               bytes_per_param: int = 2) -> ModelPlan:
-    """Plan NS ownership for ``spec`` on ``dp * pp`` GPUs (TP=1) with expert parallelism ``ep``.
+               bytes_per_param: int = 2, split_gate_up: bool = True, split_qkv: bool = True) -> ModelPlan:
+    """Plan NS ownership for ``spec`` on ``dp * pp`` GPUs (TP=1, CP=1) with expert parallelism ``ep``.
 
-    ``layers_per_stage`` defaults to an even split; pass ``KIMI_K2_BRIDGE_LAYERS`` for Bridge's Kimi K2 layout.
+    Stage s holds ``layers_per_stage[s]`` consecutive layers (default: an even split; pass
+    ``KIMI_K2_BRIDGE_LAYERS`` for Bridge's Kimi K2 layout). ``split_gate_up`` / ``split_qkv`` say whether NS runs on
+    the parts of the fused tensors (our optimizers' default) or on the fused matrix (Megatron's Muon for gate/up).
+    For a recipe's own layout (VP, TP, CP) use ``nemo-muon plan`` / ``accounting.plan_recipe``: same computation.
     """
     check_positive_int("dp", dp)
     check_positive_int("pp", pp)
     check_positive_int("ep", ep)
+    check_positive_int("ns_steps", ns_steps)
     check_choice("method", method, METHODS)
     check_range("split_threshold", split_threshold, low=0.0, low_inclusive=False)
     if dp % ep:
@@ -152,26 +281,11 @@ def model_plan(spec: ModelSpec, *, dp: int, pp: int = 1, ep: int = 1, layers_per
     lps = default_layers_per_stage(spec.num_layers, pp) if layers_per_stage is None else tuple(layers_per_stage)
     if len(lps) != pp or sum(lps) != spec.num_layers or min(lps) < 1:
         raise fail("layers_per_stage", lps, f"{pp} positive layer counts summing to num_layers ({spec.num_layers})")
-    from nemo_muon.models.matrices import matrix_params
-
-    params = matrix_params(spec)
-    stages: list[OwnershipPlan] = []
-    start = 0
-    expert_dp = dp // ep
-    for s, n in enumerate(lps):
-        free, experts = _stage_items(spec, params, range(start, start + n), s == 0, s == pp - 1, ep, ns_steps,
-                                     bytes_per_param)
-        start += n
-        pinned: list[PlanItem] = []
-        for e in range(ep):
-            mine = [it for it, r in experts if r == e]
-            sub = plan_ownership(mine, expert_dp, method)
-            pinned += [PlanItem(it.name, it.shape, it.cost, it.nbytes, pinned_rank=e + ep * sub.owners[it.name])
-                       for it in mine]
-        if split_large:
-            mean_free = sum(it.cost for it in free) / dp
-            free = _split(free, split_threshold * mean_free)
-        stages.append(plan_ownership(pinned + free, dp, method))
+    layout = Layout(world_size=dp * pp, tp=1, pp=pp, vp=1, cp=1, ep=ep, etp=1, dp=dp, edp=dp // ep,
+                    num_microbatches=1, stage_layers=lps, uneven=len(set(lps)) > 1)
+    cost = CostModel(steps=ns_steps, split_gate_up=split_gate_up, split_qkv=split_qkv)
+    stages = [stage_plan(spec, layout, s, method=method, cost=cost, split_large=split_large,
+                         split_threshold=split_threshold, bytes_per_param=bytes_per_param).plan for s in range(pp)]
     label = f"{method}+split" if split_large else method
     return ModelPlan(model=spec.name, method=label, dp=dp, pp=pp, ep=ep, layers_per_stage=lps, stages=stages)
 

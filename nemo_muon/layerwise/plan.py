@@ -187,16 +187,23 @@ def _max_over_mean(values: Sequence[float]) -> float:
     return max(values) / (total / len(values))
 
 
-def plan_ownership(items: Sequence[PlanItem], num_ranks: int, method: Method = "lpt") -> OwnershipPlan:
+def plan_ownership(items: Sequence[PlanItem], num_ranks: int, method: Method = "lpt", *,
+                   initial_flops: Sequence[float] | None = None) -> OwnershipPlan:
     """Assign every item to a rank: pinned items first, then costed items by ``method``, then cost-0 items by
-    LPT on bytes (so owned bytes stay balanced). Deterministic in the item order."""
+    LPT on bytes (so owned bytes stay balanced). Deterministic in the item order.
+
+    ``initial_flops`` (one per rank) is work the ranks already have outside ``items`` (for example experts owned
+    in another process group); LPT starts from it and the plan's ``flops`` include it.
+    """
     check_positive_int("num_ranks", num_ranks)
     check_choice("method", method, METHODS)
+    if initial_flops is not None and len(initial_flops) != num_ranks:
+        raise fail("initial_flops", f"{len(initial_flops)} values", f"one value per rank ({num_ranks})")
     names = [it.name for it in items]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise fail("items", f"duplicate names {dup[:5]}", "unique item names")
-    flops = [0.0] * num_ranks
+    flops = [0.0] * num_ranks if initial_flops is None else [float(f) for f in initial_flops]
     nbytes = [0] * num_ranks
     owners: dict[str, int] = {}
 
