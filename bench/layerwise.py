@@ -8,8 +8,9 @@
 3. Bytes sent per rank per step (ring model: reduce-scatter + all-gather of the padded buckets, or all-reduce +
    owner broadcasts on gloo) vs ZeRO-1 AdamW (reduce-scatter + all-gather of unpadded element shards).
 4. Overlap: time blocked waiting for the param sharing during step + next forward, overlapped vs not.
-5. From the plan alone: NS max/mean for Kimi K2 on 256 GPUs (PP4 VP4 EP64, 16/16/16/13 layers) and Qwen3-30B-A3B
-   on 8 (EP8): LPT, LPT with large matrices split, round-robin (KellerJordan/Muon), ping-pong (Megatron legacy).
+5. From the plan alone (``--plan-only`` prints just this): NS max/mean for Kimi K2 on 256 GPUs (PP4 VP4 EP64,
+   16/16/16/13 layers) and Qwen3-30B-A3B on 8 (EP8), gate/up fused (megatron recipes) and split: LPT, LPT with large
+   matrices split (modelled), round-robin (KellerJordan/Muon), ping-pong (Megatron legacy).
 """
 
 from __future__ import annotations
@@ -193,17 +194,23 @@ def _median(xs: list[float]) -> float:
 
 
 def plan_table() -> list[str]:
+    """NS max/mean per method from ``nemo_muon.layerwise.model_plan`` (the computation `nemo-muon plan` uses):
+    gate/up fused as Megatron's Muon orthogonalizes it (the megatron recipes) and split (nemo_muon's Muon)."""
     from nemo_muon.layerwise.model_plan import KIMI_K2_BRIDGE_LAYERS, compare_methods
     from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
 
-    rows = ["| model, layout | method | within-stage max/mean | global max/mean |", "|---|---|---|---|"]
+    rows = ["| model, layout | gate/up NS | method | within-stage max/mean | global max/mean | busiest GPU NS FLOP/step |",
+            "|---|---|---|---|---|---|"]
     for label, spec, layout in (
         ("Kimi K2, 256 GPUs (PP4 DP64 EP64, 16/16/16/13)", KIMI_K2,
          {"dp": 64, "pp": 4, "ep": 64, "layers_per_stage": KIMI_K2_BRIDGE_LAYERS}),
         ("Qwen3-30B-A3B, 8 GPUs (DP8 EP8)", QWEN3_30B_A3B, {"dp": 8, "ep": 8}),
     ):
-        for method, plan in compare_methods(spec, **layout).items():
-            rows.append(f"| {label} | {method} | {plan.within_stage_imbalance:.4f} | {plan.global_imbalance:.4f} |")
+        for split, how in ((False, "fused (megatron recipes)"), (True, "split (nemo_muon Muon)")):
+            for method, plan in compare_methods(spec, split_gate_up=split, **layout).items():
+                name = f"{method} (modelled)" if method.endswith("+split") else method
+                rows.append(f"| {label} | {how} | {name} | {plan.within_stage_imbalance:.4f} | "
+                            f"{plan.global_imbalance:.4f} | {plan.max_rank_flops:.3e} |")
     return rows
 
 
@@ -212,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--dim", type=int, default=384, help="hidden size of the benchmark model (FFN = 4 x dim)")
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown here")
+    ap.add_argument("--plan-only", action="store_true", help="print only the computed NS plan table (no ranks run)")
     args = ap.parse_args(argv)
+    if args.plan_only:
+        print("\n".join(plan_table()))
+        return 0
     res = run_ranks(args.steps, args.dim)
     # per-step time of the slower rank (the step ends when the last rank is done)
     per = {k: [max(r["times"][k][i] for r in res) for i in range(args.steps)] for k in res[0]["times"]}
