@@ -35,7 +35,7 @@ from typing import Any
 
 from nemo_muon._validation import check_choice, check_positive_int, check_range, fail
 from nemo_muon.accounting.layout import Layout
-from nemo_muon.accounting.ns_flops import ns_flops_per_tp_rank, tp_partition_dim
+from nemo_muon.accounting.ns_flops import TP_MODES, ns_flops_per_tp_rank, tp_partition_dim
 from nemo_muon.layerwise.plan import METHODS, Method, OwnershipPlan, PlanItem, plan_ownership
 from nemo_muon.models.matrices import ParamInfo, is_moe_layer, layer_params, non_layer_params
 from nemo_muon.models.specs import ModelSpec
@@ -54,6 +54,10 @@ class CostModel:
     split_qkv: bool = True
     tp_mode: str = "duplicated"
 
+    def __post_init__(self) -> None:
+        check_positive_int("cost.steps", self.steps)
+        check_choice("cost.tp_mode", self.tp_mode, TP_MODES)
+
 
 @dataclass(frozen=True)
 class StageTensor:
@@ -61,7 +65,7 @@ class StageTensor:
 
     item: PlanItem
     """Name of the stored tensor, TP-shard shape, NS FLOPs one TP rank executes, bytes of the shard."""
-    parts: tuple[tuple[int, int], ...]
+    parts: tuple[tuple[int, ...], ...]
     """TP-shard shape of each matrix NS runs on (one, or the split gate/up / QKV parts); () if element-wise."""
     ep_rank: int | None = None
     """EP rank holding this routed expert; None for every other tensor."""
@@ -93,7 +97,7 @@ def _shard(shape: tuple[int, ...], width: int, pdim: int | None) -> tuple[int, .
     return tuple(out)
 
 
-def _layer_tensors(spec: ModelSpec, params: list[ParamInfo], layout: Layout, cost: CostModel,
+def _layer_tensors(params: list[ParamInfo], layout: Layout, cost: CostModel,
                    bytes_per_param: int, experts_per_ep: int) -> list[StageTensor]:
     merged: dict[str, list[ParamInfo]] = {}
     for p in params:
@@ -106,11 +110,10 @@ def _layer_tensors(spec: ModelSpec, params: list[ParamInfo], layout: Layout, cos
         hidden = [p for p in ps if p.is_hidden_matrix]
         flops = sum(ns_flops_per_tp_rank(p.shape, width, cost.tp_mode, pdim, cost.steps, syrk=cost.syrk)
                     for p in hidden)
-        shape = _shard(tuple(ps[0].shape[:-2]) + (sum(p.shape[0] for p in ps),) + ps[0].shape[-1:], width, pdim) \
-            if len(ps) > 1 else _shard(ps[0].shape, width, pdim)
+        shape = _shard((sum(p.shape[0] for p in ps), *ps[0].shape[1:]), width, pdim)  # split parts stack on rows
         parts = tuple(_shard(p.shape, width, pdim) for p in hidden)
         ep_rank = None if ps[0].expert is None else ps[0].expert // experts_per_ep
-        out.append(StageTensor(PlanItem(name, shape, flops, numel * bytes_per_param), parts, ep_rank))  # type: ignore[arg-type]
+        out.append(StageTensor(PlanItem(name, shape, flops, numel * bytes_per_param), parts, ep_rank))
     return out
 
 
@@ -124,7 +127,7 @@ def stage_tensors(spec: ModelSpec, layout: Layout, pp_rank: int, cost: CostModel
         moe = is_moe_layer(spec, i)
         if moe not in templates:  # every layer of a kind has the same tensors: build once, rename per layer
             ps = layer_params(spec, i, split_gate_up=cost.split_gate_up, split_qkv=cost.split_qkv)
-            templates[moe] = (i, _layer_tensors(spec, ps, layout, cost, bytes_per_param, per_ep))
+            templates[moe] = (i, _layer_tensors(ps, layout, cost, bytes_per_param, per_ep))
         j, tpl = templates[moe]
         old, new = f"decoder.layers.{j}.", f"decoder.layers.{i}."
         if i == j:
@@ -135,7 +138,7 @@ def stage_tensors(spec: ModelSpec, layout: Layout, pp_rank: int, cost: CostModel
                             t.ep_rank) for t in tpl]
     first, last = non_layer_params(spec)
     extra = (first if pp_rank == 0 else []) + (last if pp_rank == layout.pp - 1 else [])
-    return out + _layer_tensors(spec, extra, layout, cost, bytes_per_param, per_ep)
+    return out + _layer_tensors(extra, layout, cost, bytes_per_param, per_ep)
 
 
 def _split(items: list[PlanItem], threshold: float) -> list[PlanItem]:
