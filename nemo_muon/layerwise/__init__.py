@@ -27,6 +27,8 @@ _LAZY = {
     "PlanItem": "nemo_muon.layerwise.plan",
     "model_plan": "nemo_muon.layerwise.model_plan",
     "compare_methods": "nemo_muon.layerwise.model_plan",
+    "stage_plan": "nemo_muon.layerwise.model_plan",
+    "CostModel": "nemo_muon.layerwise.model_plan",
 }
 
 __all__ = sorted(_LAZY)
