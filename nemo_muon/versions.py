@@ -144,35 +144,31 @@ class ContainerRelease:
 
 _NGC = "nvcr.io/nvidia/nemo"
 
+_RELEASE_26_02 = ContainerRelease(
+    tag="26.02",
+    base_image=f"{_NGC}:26.02",
+    megatron_bridge="0.3.0",
+    megatron_core="0.16.0",
+    transformer_engine="2.12",
+    nemo="2.7.0",
+    nemo_run="0.8.0",
+    pytorch="2.10",
+    cuda="13.0",
+    python="3.12",
+    extra_requirements=_EXTRAS_026,
+    notes="The stack of NVIDIA's Muon announcement. DeepEP is not supported in this container (known issue).",
+)
+
 CONTAINER_RELEASES: dict[str, ContainerRelease] = {
     r.tag: r
     for r in (
-        ContainerRelease(
-            tag="26.02",
-            base_image=f"{_NGC}:26.02",
-            megatron_bridge="0.3.0",
-            megatron_core="0.16.0",
-            transformer_engine="2.12",
-            nemo="2.7.0",
-            nemo_run="0.8.0",
-            pytorch="2.10",
-            cuda="13.0",
-            python="3.12",
-            extra_requirements=_EXTRAS_026,
-            notes="The stack of NVIDIA's Muon announcement. DeepEP is not supported in this container (known issue).",
-        ),
-        ContainerRelease(
+        _RELEASE_26_02,
+        # Patch release: only the Bridge version is documented, the other components are those of 26.02.
+        dataclasses.replace(
+            _RELEASE_26_02,
             tag="26.02.01",
             base_image=f"{_NGC}:26.02.01",
             megatron_bridge="0.3.1",
-            megatron_core="0.16.0",
-            transformer_engine="2.12",
-            nemo="2.7.0",
-            nemo_run="0.8.0",
-            pytorch="2.10",
-            cuda="13.0",
-            python="3.12",
-            extra_requirements=_EXTRAS_026,
             source="Megatron-Bridge docs/releases/known-issues.md ('Fixed in 26.02.01 (r0.3.1)')",
             notes="Patch release of 26.02: only the Bridge version (r0.3.1) is documented; the other components are "
             "those of 26.02. Bridge's published Kimi K2 Muon numbers (GB300, MXFP8) were measured on it.",
