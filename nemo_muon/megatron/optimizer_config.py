@@ -197,14 +197,3 @@ def to_megatron_optimizer_config(
                                    bf16=bf16, soap_has_precondition_frequency=soap_pf)
     return MCoreOptimizerConfig(**spec.kwargs), spec
 
-
-def recipe_optimizer_config(recipe: Any) -> tuple[Any, MegatronOptimizerSpec]:
-    """The OptimizerConfig of a `TrainingRecipe` (lr floor from its scheduler, clip from its trainer)."""
-    opt = recipe.optimizer
-    return to_megatron_optimizer_config(
-        opt,
-        grad_clip=recipe.trainer.grad_clip,
-        min_lr=opt.lr * recipe.scheduler.min_lr_ratio,
-        layerwise=recipe.layerwise,
-        bf16=recipe.precision.kind != "fp32",
-    )
