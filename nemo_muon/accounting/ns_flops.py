@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from nemo_muon._validation import check_choice, check_positive_int, fail
+from nemo_muon.layerwise.plan import ns_cost
 from nemo_muon.models.matrices import ParamInfo
 
 TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise", "auto")
@@ -41,10 +42,8 @@ def _short_long(shape: Sequence[int]) -> tuple[int, int]:
 
 def matrix_ns_flops(shape: Sequence[int], steps: int = 5, *, syrk: bool = False) -> float:
     """NS FLOPs of one (m, n) matrix on its short side: steps·(4m²n + 2m³), or steps·(3m²n + m³) with SYRK."""
-    check_positive_int("steps", steps)
-    m, n = _short_long(shape)
-    per_step = (3 * m * m * n + m**3) if syrk else (4 * m * m * n + 2 * m**3)
-    return float(steps * per_step)
+    _short_long(shape)  # a 2-D matrix only (ns_cost also takes stacks)
+    return ns_cost(shape, steps, syrk=syrk)
 
 
 def tp_partition_dim(info: ParamInfo) -> int | None:
