@@ -23,10 +23,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from nemo_muon._validation import check_choice, check_positive_int, fail
+from nemo_muon.config.optimizer import TP_MODES
 from nemo_muon.layerwise.plan import ns_cost
 from nemo_muon.models.matrices import ParamInfo
-
-TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise", "auto")
 
 _COLUMN_PARALLEL = ("linear_fc1", "linear_qkv", "linear_q_up_proj", "linear_kv_up_proj", "linear_q_proj",
                     "word_embeddings", "output_layer")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from emerging_optimizers.orthogonalized_optimizers.muon_utils import _COEFFICIENT_SETS, get_coefficient_iterator
 
 from nemo_muon._validation import check_choice, check_positive_int
+from nemo_muon.config.optimizer import COEFFICIENT_SETS
 
-COEFFICIENT_SETS: tuple[str, ...] = ("simple", "quintic", "polar_express")
 _REPEAT_LAST = ("polar_express",)
 
 Coefficients = tuple[float, float, float]

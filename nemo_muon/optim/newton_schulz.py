@@ -27,14 +27,14 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_positive_int
+from nemo_muon.config.optimizer import NS_PRECISIONS as PRECISIONS
+from nemo_muon.config.optimizer import TP_MODES
 from nemo_muon.optim.coefficients import COEFFICIENT_SETS, coefficient_schedule
 from nemo_muon.optim.ns_cost import DEFAULT_TP_COST, TPCostModel, choose_algorithm, choose_tp_mode
 from nemo_muon.optim.ns_kernels import ALGORITHMS, ns_program, run_programs
 
 logger = logging.getLogger(__name__)
 
-TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise", "auto")
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_BUCKET_BYTES = 64 * 2**20
 _logged_fallbacks: set[tuple[int, ...]] = set()
