@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_muon.config.optimizer import MuonConfig
+from nemo_muon.config.optimizer import SCALE_MODES, MuonConfig
 from nemo_muon.optim.fused import merge_parts, split_parts
 from nemo_muon.optim.newton_schulz import newton_schulz_many
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
@@ -39,16 +39,14 @@ def muon_scale(out_dim: int, in_dim: int, mode: str) -> float:
         return math.sqrt(out_dim / in_dim)
     if mode == "match_rms_adamw":
         return 0.2 * math.sqrt(max(out_dim, in_dim))
-    raise ValueError(f"muon.scale_mode must be one of ('spectral', 'shape_scaling', 'unit_rms_norm', "
-                     f"'match_rms_adamw'); got {mode!r}")
+    raise ValueError(f"muon.scale_mode must be one of {SCALE_MODES}; got {mode!r}")
 
 
 def tp_partition_dim(p: torch.Tensor) -> int | None:
     """The TP partition dim of a Megatron-style parameter (``tensor_model_parallel`` + ``partition_dim``), or None."""
     if not getattr(p, "tensor_model_parallel", False):
         return None
-    dim = getattr(p, "partition_dim", None)
-    return dim
+    return getattr(p, "partition_dim", None)
 
 
 class Muon(RoutedOptimizer):
