@@ -74,6 +74,21 @@ def _resume_body(rank: int, world: int, group: Any, root: str, root_from_dp1: st
         load_checkpoint(bad, model, opt, group)
     except CheckpointError as e:
         out["tampered"] = (name, str(e))
+
+    # a corrupt shard that only rank 1 reads: both ranks refuse (none is left waiting in a collective), and no
+    # rank has changed its weights
+    corrupt = Path(root) / "corrupt_shard" / "step_00000002"
+    if rank == 0:
+        shutil.copytree(step_dir(root, 2), corrupt)
+        data = bytearray((corrupt / "optim_rank1.pt").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (corrupt / "optim_rank1.pt").write_bytes(bytes(data))
+    dist.barrier(group=group)
+    before = params_of(model)
+    try:
+        load_checkpoint(corrupt, model, opt, group)
+    except CheckpointError as e:
+        out["corrupt_shard"] = (str(e), all(torch.equal(p, before[n]) for n, p in model.named_parameters()))
     return portable(out)
 
 
@@ -96,6 +111,9 @@ def test_resume_same_dp_bitwise_and_across_dp_sizes(tmp_path: Path) -> None:
     name, err = res[1]["tampered"]
     assert f"optimizer state {name}" in err and "on this rank" in err
     assert "failed verification after load on another rank" in res[0]["tampered"][1]
+    assert "optim_rank1.pt is corrupt" in res[1]["corrupt_shard"][0]
+    assert "reading an optimizer shard failed on another rank" in res[0]["corrupt_shard"][0]
+    assert res[0]["corrupt_shard"][1] and res[1]["corrupt_shard"][1]
 
     model = make_model(seed=5)
     opt = _opt(model, None)

@@ -212,7 +212,28 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimi
     optimizer.finish_param_gather()  # an in-flight gather must not overwrite the loaded weights (Megatron-LM #6920)
     params = _load_verified(path, "model.pt", manifest)
     extra = _load_verified(path, "extra.pt", manifest)
-    mine = set(optimizer.owned_names)
+    error: CheckpointError | None = None
+    try:  # each rank reads only the shards it needs, so a bad shard may fail on some ranks only
+        merged = _read_shards(path, manifest, set(optimizer.owned_names))
+    except CheckpointError as e:
+        error = e
+    if _max_over_ranks(float(error is not None), group) > 0:  # every rank refuses together (no rank left waiting)
+        raise error or CheckpointError(f"checkpoint {path}: reading an optimizer shard failed on another rank; "
+                                       "not loading")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(params[n])
+    if merged:
+        optimizer.load_state_dict(merged)
+    bad = _verify(model, optimizer, manifest)
+    if _max_over_ranks(float(len(bad)), group) > 0:
+        raise CheckpointError(f"checkpoint {path} failed verification after load on "
+                              f"{'this rank' if bad else 'another rank'}: {bad[:10]}; not training on wrong weights")
+    return extra
+
+
+def _read_shards(path: Path, manifest: dict[str, Any], mine: set[str]) -> dict[str, Any]:
+    """The optimizer state of the names in ``mine``, merged from the shards that hold them (verified files)."""
     merged: dict[str, Any] = {}
     for shard_file, owned in sorted(manifest["shards"].items()):
         if mine & set(owned):
@@ -221,21 +242,16 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimi
                 merged = {**shard, "state": {}, "masters": {}}
             merged["state"].update({n: v for n, v in shard["state"].items() if n in mine})
             merged["masters"].update({n: v for n, v in shard["masters"].items() if n in mine})
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(params[n])
-    if merged:
-        optimizer.load_state_dict(merged)
-    elif mine:
+    if mine and not merged:
         raise CheckpointError(f"checkpoint {path} has no optimizer state for {sorted(mine)[:10]}")
-    bad = _verify(model, optimizer, manifest)
-    count = torch.tensor([float(len(bad))])
+    return merged
+
+
+def _max_over_ranks(value: float, group: dist.ProcessGroup | None) -> float:
+    t = torch.tensor([value])
     if group is not None:
-        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
-    if count.item() > 0:
-        raise CheckpointError(f"checkpoint {path} failed verification after load on "
-                              f"{'this rank' if bad else 'another rank'}: {bad[:10]}; not training on wrong weights")
-    return extra
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.item()
 
 
 def _verify(model: torch.nn.Module, optimizer: LayerWiseDistributedOptimizer, manifest: dict[str, Any]) -> list[str]:
