@@ -368,5 +368,7 @@ def test_scheduler_scales_inner_lrs_and_bad_arguments_raise() -> None:
         LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=None, bucket_size_mb=0)
     with pytest.raises(ValueError, match=r"plan_method must be one of \('lpt', 'round_robin', 'ping_pong'\)"):
         LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=None, plan_method="greedy")
+    with pytest.raises(ValueError, match=r"nonfinite must be one of \('skip', 'raise'\); got 'warn'"):
+        LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=None, nonfinite="warn")
     with pytest.raises(ValueError, match=r"max_norm must be a number in \(0.0, inf\]; got -1.0"):
         opt.clip_grad_norm_(-1.0)

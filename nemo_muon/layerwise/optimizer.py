@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_range, fail
+from nemo_muon.config.optimizer import NONFINITE_POLICIES
 from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket, build_buckets, resolve_collectives
 from nemo_muon.layerwise.grad_hooks import GradReduceHooks
 from nemo_muon.layerwise.plan import METHODS, OwnershipPlan, PlanItem, ns_cost, plan_ownership, soap_cost
@@ -70,7 +71,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         check_choice("collectives", collectives, COLLECTIVES)
         check_choice("plan_method", plan_method, METHODS)
         nonfinite = getattr(optimizer, "nonfinite", "skip") if nonfinite is None else nonfinite
-        check_choice("nonfinite", nonfinite, ("skip", "raise"))
+        check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
         self.dp_group = dp_group
         self.dp_rank, self.dp_size = _group_rank_world(dp_group, "dp_group")
         self.expert_dp_group = expert_dp_group
