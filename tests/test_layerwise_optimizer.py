@@ -199,7 +199,9 @@ def test_matches_single_process_optimizer(world: int) -> None:
             got_clip, norms = res[f"{cfg.name}/clip"]
             assert max_rel_diff(got_clip, want_clip) <= tol, cfg.name
             assert norms[0] == pytest.approx(want_norms[0], rel=1e-6)  # same params: same global norm
-            assert norms == pytest.approx(want_norms, rel=max(1e-6, 10 * tol))
+            # grad norms barely feel the reordering (measured at DP=4: Muon 7e-8, SOAP 6e-4 of tol 0.15), so a
+            # tenth of the param tolerance; 10 x tol let SOAP's norms be off by 150%
+            assert norms == pytest.approx(want_norms, rel=max(1e-6, tol / 10))
             assert min(want_norms) > 0.5  # the clipping really scaled every step
         # overlap on/off and both sets of collectives: bit-identical, and every rank holds the same params
         assert all(torch.equal(results[0][f"{cfg.name}/overlap=False"][n], r[f"{cfg.name}/{key}"][n])
