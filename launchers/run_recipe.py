@@ -14,9 +14,8 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from nemo_muon.launchers.secrets import MASK, is_secret_name
 
@@ -50,18 +49,6 @@ def launch_record(recipe_name: str, overrides: Sequence[str], env: dict[str, str
             "world_size": env.get("WORLD_SIZE"), "slurm_job_id": env.get("SLURM_JOB_ID")}
 
 
-def backend_pretrain(backend: str) -> Callable[..., Any]:
-    """The training function of a backend: 'torch' -> nemo_muon.train.pretrain.pretrain (CPU/GPU, torchrun),
-    'megatron' -> nemo_muon.megatron.bridge.pretrain (Megatron-Bridge in the NeMo container, one task per GPU)."""
-    if backend == "torch":
-        from nemo_muon.train.pretrain import pretrain
-    elif backend == "megatron":
-        from nemo_muon.megatron.bridge import pretrain
-    else:
-        raise ValueError(f"recipe.backend must be one of ('megatron', 'torch'); got {backend!r}")
-    return pretrain
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Build and run the recipe; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m nemo_muon.launchers.run_recipe",
@@ -70,12 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=10")
     args = parser.parse_args(argv)
 
-    from nemo_muon.recipes import get_recipe
-    from nemo_muon.recipes.overrides import apply_overrides
+    from nemo_muon.recipes.execute import build_recipe, pretrain_recipe
 
     rank_env_from_slurm(os.environ)  # type: ignore[arg-type]
     try:
-        recipe = apply_overrides(get_recipe(args.recipe), args.overrides)
+        recipe = build_recipe(args.recipe, args.overrides)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -84,12 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         record = launch_record(args.recipe, args.overrides, dict(os.environ))
         (run_dir / "launch.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    pretrain = backend_pretrain(recipe.backend)
     corpus = os.environ.get(CORPUS_ENV_VAR)
-    if corpus and recipe.backend == "torch":
-        pretrain(recipe, corpus_root=corpus)
-    else:
-        pretrain(recipe)
+    pretrain_recipe(recipe, **({"corpus_root": corpus} if corpus and recipe.backend == "torch" else {}))
     return 0
 
 

@@ -7,7 +7,7 @@ NeMo-Run launch calls) and the operator CLI.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -61,18 +61,23 @@ def describe(recipe: TrainingRecipe) -> str:
     return f"# {layout_summary(recipe)}\n{body}"
 
 
+def backend_pretrain(backend: str) -> Callable[..., Any]:
+    """The training function of a backend: 'torch' -> nemo_muon.train.pretrain.pretrain (CPU/GPU, torchrun),
+    'megatron' -> nemo_muon.megatron.bridge.pretrain (Megatron-Bridge in the NeMo container, one task per GPU)."""
+    if backend == "torch":
+        from nemo_muon.train.pretrain import pretrain
+    elif backend == "megatron":
+        from nemo_muon.megatron.bridge import pretrain
+    else:
+        raise ValueError(f"recipe.backend must be one of ('megatron', 'torch'); got {backend!r}")
+    return pretrain
+
+
 def pretrain_recipe(recipe: TrainingRecipe, **kwargs: Any) -> Any:
-    """Train ``recipe`` in this process with its backend: torch (`nemo_muon.train.pretrain`) or megatron
-    (`nemo_muon.megatron.bridge.pretrain`, inside the NeMo container)."""
+    """Train ``recipe`` in this process with its backend (``backend_pretrain``)."""
     recipe.validate()
     check_layout(recipe)
-    if recipe.backend == "torch":
-        from nemo_muon.train.pretrain import pretrain
-
-        return pretrain(recipe, **kwargs)
-    from nemo_muon.megatron.bridge import pretrain as bridge_pretrain
-
-    return bridge_pretrain(recipe, **kwargs)
+    return backend_pretrain(recipe.backend)(recipe, **kwargs)
 
 
 def run_recipe(recipe: str, overrides: Sequence[str] = ()) -> Any:
