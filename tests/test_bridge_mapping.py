@@ -152,3 +152,15 @@ def test_weight_decay_is_as_set_and_perf_knobs_are_bridges():
     assert adam["ddp"]["use_distributed_optimizer"] is True and adam["mixed_precision"] == {}
     kw = bridge_recipe_kwargs(get_recipe("kimi_k2_adamw_bf16"))
     assert (kw["optimizer_type"], kw["precision_config"]) == ("adam", "bf16_mixed")
+
+
+def test_parallel_sizes_reach_the_library_recipe_and_the_model_provider():
+    want = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 4,
+            "virtual_pipeline_model_parallel_size": 4, "context_parallel_size": 1, "expert_model_parallel_size": 64,
+            "sequence_parallel": False}
+    recipe = get_recipe("kimi_k2_muon")  # TP1 PP4 VP4 CP1 EP64
+    kw, model = bridge_recipe_kwargs(recipe), bridge_field_overrides(recipe)["model"]
+    assert {k: kw[k] for k in want} == want and {k: model[k] for k in want} == want
+    assert model["expert_tensor_parallel_size"] == recipe.parallelism.etp
+    qwen = bridge_recipe_kwargs(get_recipe("qwen3_30b_a3b_muon"))  # VP1: Megatron's None, not 1
+    assert qwen["virtual_pipeline_model_parallel_size"] is None and qwen["expert_model_parallel_size"] == 8

@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from nemo_muon.config.optimizer import AdamWConfig
-from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.config.recipe import ParallelismConfig, TrainingRecipe
 from nemo_muon.megatron.optimizer_config import MegatronOptimizerSpec, megatron_optimizer_spec
 
 BRIDGE_VERSION = "0.3.0"
@@ -63,6 +63,18 @@ def pipeline_layout(recipe: TrainingRecipe) -> list[list[str]] | None:
     return stages
 
 
+def _parallel_sizes(par: ParallelismConfig) -> dict[str, Any]:
+    """The parallel sizes under the names both the Bridge library recipe and its model provider use."""
+    return {
+        "tensor_model_parallel_size": par.tp,
+        "pipeline_model_parallel_size": par.pp,
+        "virtual_pipeline_model_parallel_size": par.vp if par.vp > 1 else None,
+        "context_parallel_size": par.cp,
+        "expert_model_parallel_size": par.ep,
+        "sequence_parallel": par.sequence_parallel,
+    }
+
+
 def bridge_recipe_kwargs(recipe: TrainingRecipe) -> dict[str, Any]:
     """Keyword arguments of the Bridge 0.3.0 library recipe (`BRIDGE_BASE_RECIPES`) for this recipe."""
     _check_supported(recipe)
@@ -71,12 +83,7 @@ def bridge_recipe_kwargs(recipe: TrainingRecipe) -> dict[str, Any]:
         "name": recipe.logging.run_name or recipe.name,
         "dir": recipe.logging.root,
         "mock": recipe.data.kind == "mock",
-        "tensor_model_parallel_size": par.tp,
-        "pipeline_model_parallel_size": par.pp,
-        "virtual_pipeline_model_parallel_size": par.vp if par.vp > 1 else None,
-        "context_parallel_size": par.cp,
-        "expert_model_parallel_size": par.ep,
-        "sequence_parallel": par.sequence_parallel,
+        **_parallel_sizes(par),
         "train_iters": tr.max_steps,
         "global_batch_size": tr.global_batch_size,
         "micro_batch_size": tr.micro_batch_size,
@@ -118,13 +125,8 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) 
     par, tr, sch, opt = recipe.parallelism, recipe.trainer, recipe.scheduler, recipe.optimizer
     is_adam = isinstance(opt, AdamWConfig)
     model: dict[str, Any] = {
-        "tensor_model_parallel_size": par.tp,
-        "pipeline_model_parallel_size": par.pp,
-        "virtual_pipeline_model_parallel_size": par.vp if par.vp > 1 else None,
-        "context_parallel_size": par.cp,
-        "expert_model_parallel_size": par.ep,
+        **_parallel_sizes(par),
         "expert_tensor_parallel_size": par.etp,
-        "sequence_parallel": par.sequence_parallel,
         "seq_length": tr.seq_length,
         "pipeline_model_parallel_layout": pipeline_layout(recipe),
         "qk_clip": recipe.qk_clip,
