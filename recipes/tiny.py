@@ -23,8 +23,9 @@ from nemo_muon.config.recipe import (
 )
 from nemo_muon.models.specs import TINY_KIMI_K2, TINY_QWEN3_MOE, ModelSpec
 
-TINY_LR = 3e-3
-"""Peak learning rate shared by AdamW and Muon (match_rms_adamw) on the tiny models."""
+TINY_LR = 6e-3
+"""Peak learning rate shared by AdamW and Muon (match_rms_adamw): AdamW's best of {1e-3, 3e-3, 6e-3} on both tiny
+models (final val loss, 150 steps; bench/results/train_cpu.md); Muon takes it unchanged (the transfer rule)."""
 TINY_WEIGHT_DECAY = 0.1
 
 
