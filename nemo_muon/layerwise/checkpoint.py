@@ -217,7 +217,8 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimi
         merged = _read_shards(path, manifest, set(optimizer.owned_names))
     except CheckpointError as e:
         error = e
-    if _max_over_ranks(float(error is not None), group) > 0:  # every rank refuses together (no rank left waiting)
+    # every rank refuses together (none is left waiting in a collective)
+    if _max_over_ranks(float(error is not None), group, optimizer.comm_device) > 0:
         raise error or CheckpointError(f"checkpoint {path}: reading an optimizer shard failed on another rank; "
                                        "not loading")
     with torch.no_grad():
@@ -226,7 +227,7 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimi
     if merged:
         optimizer.load_state_dict(merged)
     bad = _verify(model, optimizer, manifest)
-    if _max_over_ranks(float(len(bad)), group) > 0:
+    if _max_over_ranks(float(len(bad)), group, optimizer.comm_device) > 0:
         raise CheckpointError(f"checkpoint {path} failed verification after load on "
                               f"{'this rank' if bad else 'another rank'}: {bad[:10]}; not training on wrong weights")
     return extra
@@ -247,8 +248,8 @@ def _read_shards(path: Path, manifest: dict[str, Any], mine: set[str]) -> dict[s
     return merged
 
 
-def _max_over_ranks(value: float, group: dist.ProcessGroup | None) -> float:
-    t = torch.tensor([value])
+def _max_over_ranks(value: float, group: dist.ProcessGroup | None, device: torch.device) -> float:
+    t = torch.tensor([value], device=device)  # on the params' device: an NCCL group takes no CPU tensors
     if group is not None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.item()

@@ -85,6 +85,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
             raise fail("model", type(model).__name__, "a module with trainable parameters")
         self.names = [n for n, _ in named]
         self._param_of = dict(named)
+        self.comm_device = named[0][1].device  # of the scalars all-reduced in global checks (NCCL: no CPU tensors)
         base_lr = float(getattr(optimizer, "lr", 1.0))
         super().__init__([p for _, p in named], {"lr": base_lr})
         self._base_lr = base_lr
@@ -197,13 +198,13 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
     def global_grad_norm(self) -> float:
         """The L2 norm of the DP-mean gradient over all parameters (all ranks agree; after clipping: clipped)."""
         self.reduce_gradients()
-        sq = torch.zeros((), dtype=torch.float64)
+        sq = torch.zeros((), dtype=torch.float64, device=self.comm_device)
         if self._flats_are_global():
             for b in self.buckets:
-                sq += b.flat.detach().double().pow(2).sum().cpu()
+                sq += b.flat.detach().double().pow(2).sum()
             return math.sqrt(sq.item()) / self.dp_size * self._clip_coef
         for g in self._owned_grads():
-            sq += g.detach().double().pow(2).sum().cpu()
+            sq += g.detach().double().pow(2).sum()
         return math.sqrt(self._all_reduce(sq, dist.ReduceOp.SUM).item())
 
     def clip_grad_norm_(self, max_norm: float) -> float:
@@ -219,7 +220,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
     def _all_finite(self) -> bool:
         if self._flats_are_global():  # NaN/Inf survive the sum: every rank sees them in its reduced buffers
             return all(bool(torch.isfinite(b.flat).all()) for b in self.buckets)
-        bad = torch.zeros((), dtype=torch.float32)
+        bad = torch.zeros((), dtype=torch.float32, device=self.comm_device)
         for g in self._owned_grads():
             if not torch.isfinite(g).all():
                 bad.fill_(1.0)
@@ -354,10 +355,11 @@ def _check_replicas(named: NamedParams, group: dist.ProcessGroup | None, field: 
     if group is None or dist.get_world_size(group) == 1:
         return
     fps = []
+    device = named[0][1].device  # NCCL all-reduces device tensors only
     for _, p in named:
         x = p.detach().reshape(-1).double()
         w = torch.arange(x.numel(), dtype=torch.float64, device=x.device).remainder_(7).add_(1)
-        fps.append(torch.stack([x.sum(), (x * x).sum(), (x * w).sum()]).cpu())
+        fps.append(torch.stack([x.sum(), (x * x).sum(), (x * w).sum()]).to(device))
     fp = torch.stack(fps)
     both = torch.cat([fp, -fp])
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
