@@ -126,6 +126,8 @@ def test_gpu_peak_table_functions(tmp_path):
     assert {"h100", "h200", "b200", "gb200", "gb300"} <= set(known_gpus())
     assert gpu_peak("GB300").tflops("fp8") == 2 * gpu_peak("gb300").tflops("bf16")
     assert tflops_per_gpu(1e15, 2.0, 5) == 100.0
+    with pytest.raises(ValueError, match="num_gpus must be an integer >= 1; got 2.5"):
+        tflops_per_gpu(1e15, 2.0, 2.5)
     assert mfu(989.5e12 * 8, 1.0, 8, "h100") == pytest.approx(1.0)
     t = throughput(3e18, 1e17, 10.0, 300, "b200", "bf16")
     assert t.total_tflops == pytest.approx(1000 + 100 / 3) and t.mfu_model == pytest.approx(1000 / 2250)

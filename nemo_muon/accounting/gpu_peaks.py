@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_muon._validation import check_range, fail
+from nemo_muon._validation import check_positive_int, check_range, fail
 
 PEAK_PRECISIONS: tuple[str, ...] = ("bf16", "fp8")
 _PRECISION_OF_RECIPE = {"bf16": "bf16", "fp8_cs": "fp8", "mxfp8": "fp8"}
@@ -103,7 +103,7 @@ def peak_precision_of(recipe_precision: str) -> str | None:
 def tflops_per_gpu(flops_per_step: float, step_time_s: float, num_gpus: int) -> float:
     """Achieved TFLOP/s per GPU: FLOPs of one step / step time / GPUs / 1e12."""
     check_range("step_time_s", step_time_s, low=0.0, low_inclusive=False)
-    check_range("num_gpus", num_gpus, low=1)
+    check_positive_int("num_gpus", num_gpus)
     return flops_per_step / step_time_s / num_gpus / 1e12
 
 
