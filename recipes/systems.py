@@ -25,6 +25,7 @@ from nemo_muon.config.recipe import (
     TrainerConfig,
     TrainingRecipe,
 )
+from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
 from nemo_muon.models.specs import ModelSpec
 
 GPUS_PER_NODE: dict[str, int] = {"gb300": 4, "gb200": 4, "b200": 8, "h200": 8, "h100": 8}
@@ -112,7 +113,7 @@ def bridge_optimizer(optimizer: str) -> OptimizerConfig:
     # Megatron-Core orthogonalizes the fused gate/up (linear_fc1) as one matrix and has no skip-step for bf16: the
     # megatron backend's mapping refuses split_gate_up=True and nonfinite='skip', so these recipes say so.
     if optimizer == "muon":
-        return MuonConfig(ns_precision=BRIDGE_MUON_NS_PRECISION, split_gate_up=False, nonfinite="raise")
+        return MuonConfig(ns_precision=BRIDGE_MUON_NS_PRECISION, **MEGATRON_MUON_DEFAULTS)
     if optimizer == "adamw":
         return AdamWConfig(eps=BRIDGE_ADAM_EPS)
     return SoapConfig(nonfinite="raise")

@@ -21,12 +21,13 @@ from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon, _kwa
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.megatron.optimizer_config import (
     API_018,
+    MEGATRON_MUON_DEFAULTS,
     soap_accepts_precondition_frequency,
     to_megatron_optimizer_config,
 )
 
 MCORE_016 = "0.16.1"
-MEGATRON_MUON = dict(split_gate_up=False, nonfinite="raise")
+MEGATRON_MUON = MEGATRON_MUON_DEFAULTS
 """What the megatron backend's Muon recipes set (Megatron cannot split gate/up or skip non-finite steps)."""
 
 

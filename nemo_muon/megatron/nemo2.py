@@ -18,10 +18,11 @@ from functools import cache
 from typing import Any
 
 from nemo_muon.config.optimizer import MuonConfig, OptimizerConfig, SoapConfig
-from nemo_muon.megatron.optimizer_config import MegatronOptimizerSpec, to_megatron_optimizer_config
-
-MEGATRON_MUON_DEFAULTS: dict[str, Any] = {"split_gate_up": False, "nonfinite": "raise"}
-"""What Megatron-Core can honour: fused gate/up orthogonalized as one matrix; non-finite grads raise."""
+from nemo_muon.megatron.optimizer_config import (
+    MEGATRON_MUON_DEFAULTS,
+    MegatronOptimizerSpec,
+    to_megatron_optimizer_config,
+)
 
 
 def muon_optimizer_config(lr: float, weight_decay: float = 0.0, *, grad_clip: float = 1.0,

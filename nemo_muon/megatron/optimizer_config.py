@@ -40,6 +40,9 @@ SOAP_FIXED_EPS = 1e-8
 """Megatron-Core passes no eps to emerging_optimizers.soap.SOAP, so its default (1e-8) is the only honoured value."""
 LEGACY_COEFFICIENTS = "quintic"
 """0.16's TensorParallelMuon always uses the quintic coefficient schedule (no config field)."""
+MEGATRON_MUON_DEFAULTS: dict[str, Any] = {"split_gate_up": False, "nonfinite": "raise"}
+"""The MuonConfig values Megatron-Core can honour where our defaults differ (the mapping refuses the others): fused
+gate/up (linear_fc1) orthogonalized as one matrix; non-finite grads raise (no skip-step)."""
 
 
 @dataclass(frozen=True)
