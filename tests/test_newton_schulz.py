@@ -90,7 +90,7 @@ def test_zero_matrix_stays_finite() -> None:
         ({"coefficients": "cubic"}, "coefficients must be one of"),
         ({"tp_mode": "dup"}, "tp_mode must be one of"),
         ({"precision": "fp16"}, "precision must be one of"),
-        ({"steps": 0}, "ns_steps must be an integer >= 1"),
+        ({"steps": 0}, r"^steps must be an integer >= 1; got 0"),
         ({"partition_dim": 0}, "partition_dim must be None when tp_group is None"),
         ({"algorithm": "fast"}, "algorithm must be one of"),
     ],

@@ -23,6 +23,6 @@ Coefficients = tuple[float, float, float]
 def coefficient_schedule(name: str, steps: int) -> list[Coefficients]:
     """The (a, b, c) triple of each of ``steps`` NS iterations for the coefficient set ``name``."""
     check_choice("coefficients", name, COEFFICIENT_SETS)
-    check_positive_int("ns_steps", steps)
+    check_positive_int("steps", steps)
     mode = "repeat_last" if name in _REPEAT_LAST else "cycle"
     return [tuple(map(float, t)) for t in get_coefficient_iterator(steps, _COEFFICIENT_SETS[name], mode=mode)]

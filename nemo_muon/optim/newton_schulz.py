@@ -123,7 +123,7 @@ def newton_schulz_many(
     ``modes`` (per matrix: local, duplicated, distributed or blockwise), ``all_reduce_calls`` and
     ``all_gather_calls``.
     """
-    check_positive_int("ns_steps", steps)
+    check_positive_int("steps", steps)
     check_choice("coefficients", coefficients, COEFFICIENT_SETS)
     check_choice("tp_mode", tp_mode, TP_MODES)
     check_choice("precision", precision, PRECISIONS)
