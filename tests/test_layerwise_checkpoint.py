@@ -170,6 +170,10 @@ def test_corrupt_missing_and_foreign_checkpoints_raise_clear_errors(tmp_path: Pa
     resized.proj = nn.Linear(48, 8, bias=False)
     with pytest.raises(CheckpointError, match=r"shape differences \['proj.weight: saved \[16, 48\], model \[8, 48\]'\]"):
         load_checkpoint(ckpt, resized, _opt(resized, None))
+    half = make_model(torch.bfloat16)  # an fp32 checkpoint is never cast down silently
+    with pytest.raises(CheckpointError, match=r"dtype differences \['attn.weight: saved torch.float32, model "
+                                              r"torch.bfloat16'"):
+        load_checkpoint(ckpt, half, _opt(half, None))
     with pytest.raises(FileExistsError, match="never overwritten"):
         save_checkpoint(tmp_path / "a", 1, model, opt, {})
 

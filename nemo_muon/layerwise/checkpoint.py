@@ -197,9 +197,13 @@ def _check_same_model(model: torch.nn.Module, manifest: dict[str, Any], path: Pa
     saved = {n: v["shape"] for n, v in manifest["params"].items()}
     missing, unexpected = sorted(set(saved) - set(mine)), sorted(set(mine) - set(saved))
     shapes = sorted(f"{n}: saved {saved[n]}, model {mine[n]}" for n in set(mine) & set(saved) if mine[n] != saved[n])
-    if missing or unexpected or shapes:
+    dtypes = {n: str(p.dtype) for n, p in model.named_parameters()}
+    casts = sorted(f"{n}: saved {manifest['params'][n]['dtype']}, model {dtypes[n]}" for n in set(mine) & set(saved)
+                   if dtypes[n] != manifest["params"][n]["dtype"])
+    if missing or unexpected or shapes or casts:
         raise CheckpointError(f"checkpoint {path} is from another model: params only in the checkpoint "
-                              f"{missing[:10]}, only in the model {unexpected[:10]}, shape differences {shapes[:10]}")
+                              f"{missing[:10]}, only in the model {unexpected[:10]}, shape differences {shapes[:10]}, "
+                              f"dtype differences {casts[:10]} (a load never casts)")
 
 
 def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: LayerWiseDistributedOptimizer,
@@ -256,11 +260,11 @@ def _max_over_ranks(value: float, group: dist.ProcessGroup | None, device: torch
 
 
 def _verify(model: torch.nn.Module, optimizer: LayerWiseDistributedOptimizer, manifest: dict[str, Any]) -> list[str]:
-    """Names whose loaded param or optimizer state differs from the manifest (param compared in its saved dtype)."""
+    """Names whose loaded param or optimizer state differs from the manifest (dtypes equal: _check_same_model)."""
     bad = []
     for n, p in model.named_parameters():
         saved = manifest["params"][n]
-        if str(p.dtype) == saved["dtype"] and tensor_sha256(p) != saved["sha256"]:
+        if tensor_sha256(p) != saved["sha256"]:
             bad.append(f"param {n}")
     want = manifest["optimizer_state"]
     got = _state_digests(optimizer.state_dict())
