@@ -59,7 +59,7 @@ def test_update_is_the_scaled_orthogonalized_momentum() -> None:
 def test_plain_momentum_without_nesterov() -> None:
     torch.manual_seed(2)
     p = torch.nn.Parameter(torch.zeros(6, 6))
-    opt = Muon([("w", p)], lr=1.0, nesterov=False, momentum=0.5, scale_mode="unit_rms_norm")
+    opt = Muon([("w", p)], lr=1.0, weight_decay=0.0, nesterov=False, momentum=0.5, scale_mode="unit_rms_norm")
     g1, g2 = torch.randn(6, 6), torch.randn(6, 6)
     p.grad = g1
     opt.step()
@@ -104,7 +104,7 @@ def test_adamw_part_matches_torch_adamw() -> None:
 def test_adamw_lr_follows_the_scheduler() -> None:
     torch.manual_seed(4)
     b = torch.nn.Parameter(torch.zeros(4))
-    opt = Muon([("bias", b)], lr=1.0, adamw_lr=0.1)
+    opt = Muon([("bias", b)], lr=1.0, weight_decay=0.0, adamw_lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step)
     deltas = []
     for _ in range(2):
@@ -299,3 +299,13 @@ def test_param_group_overrides_are_validated() -> None:
     with pytest.raises(ValueError, match=r"param_groups\[1\]: muon.coefficients must be one of"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(2, 2))], "coefficients": "cubic"})
     assert len(opt.param_groups) == 1
+
+
+def test_weight_decay_default_is_the_configs() -> None:
+    """One weight-decay default: the optimizer class and its config agree (no second default)."""
+    from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, MuonConfig, SoapConfig
+    from nemo_muon.optim.soap import SOAP
+
+    p = torch.nn.Parameter(torch.zeros(4, 4))
+    assert Muon([("w", p)], lr=1e-3).param_groups[0]["weight_decay"] == MuonConfig().weight_decay == DEFAULT_WEIGHT_DECAY
+    assert SOAP([("w", p)], lr=1e-3).param_groups[0]["weight_decay"] == SoapConfig().weight_decay

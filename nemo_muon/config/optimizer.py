@@ -23,6 +23,9 @@ SCALE_MODES: tuple[str, ...] = ("spectral", "shape_scaling", "unit_rms_norm", "m
 TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise", "auto")
 NS_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 NONFINITE_POLICIES: tuple[str, ...] = ("skip", "raise")
+DEFAULT_WEIGHT_DECAY = 0.1
+"""The one weight-decay default of every optimizer config and optimizer class (Bridge's recipes and torch.optim.Muon
+use 0.1; Moonlight found weight decay essential for Muon at scale)."""
 
 
 def _check_betas(field: str, betas: tuple[float, float]) -> None:
@@ -36,7 +39,7 @@ def _check_betas(field: str, betas: tuple[float, float]) -> None:
 class _BaseOptimizerConfig:
     lr: float = 3e-4
     """Peak learning rate (the scheduler scales it)."""
-    weight_decay: float = 0.1
+    weight_decay: float = DEFAULT_WEIGHT_DECAY
     """Decoupled weight decay, applied as p -= lr * weight_decay * p. Used as given (never pinned by a scheduler)."""
 
     name: str = dataclasses.field(default="", init=False)

@@ -17,7 +17,7 @@ import copy
 from functools import cache
 from typing import Any
 
-from nemo_muon.config.optimizer import MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, MuonConfig, OptimizerConfig, SoapConfig
 from nemo_muon.megatron.optimizer_config import (
     MEGATRON_MUON_DEFAULTS,
     MegatronOptimizerSpec,
@@ -25,7 +25,7 @@ from nemo_muon.megatron.optimizer_config import (
 )
 
 
-def muon_optimizer_config(lr: float, weight_decay: float = 0.0, *, grad_clip: float = 1.0,
+def muon_optimizer_config(lr: float, weight_decay: float = DEFAULT_WEIGHT_DECAY, *, grad_clip: float = 1.0,
                           min_lr: float | None = None, layerwise: bool = True,
                           **muon_kwargs: Any) -> tuple[Any, MegatronOptimizerSpec]:
     """The Megatron-Core OptimizerConfig of a Muon run (fields of `MuonConfig` as keyword arguments)."""
@@ -78,14 +78,14 @@ def optimizer_module(opt: OptimizerConfig, *, lr_scheduler: Any = None, grad_cli
     return _module_class()(config, spec, lr_scheduler=lr_scheduler, **module_kwargs)
 
 
-def Muon(lr: float, weight_decay: float = 0.0, *, lr_scheduler: Any = None, grad_clip: float = 1.0,  # noqa: N802
+def Muon(lr: float, weight_decay: float = DEFAULT_WEIGHT_DECAY, *, lr_scheduler: Any = None, grad_clip: float = 1.0,  # noqa: N802
          layerwise: bool = True, **muon_kwargs: Any) -> Any:
     """NeMo 2 optimizer module for layer-wise distributed Muon (momentum 0.95, Nesterov, TP mode duplicated)."""
     cfg = MuonConfig(lr=lr, weight_decay=weight_decay, **{**MEGATRON_MUON_DEFAULTS, **muon_kwargs})
     return optimizer_module(cfg, lr_scheduler=lr_scheduler, grad_clip=grad_clip, layerwise=layerwise)
 
 
-def SOAP(lr: float, weight_decay: float = 0.0, *, lr_scheduler: Any = None, grad_clip: float = 1.0,  # noqa: N802
+def SOAP(lr: float, weight_decay: float = DEFAULT_WEIGHT_DECAY, *, lr_scheduler: Any = None, grad_clip: float = 1.0,  # noqa: N802
          layerwise: bool = True, **soap_kwargs: Any) -> Any:
     """NeMo 2 optimizer module for layer-wise SOAP (megatron-core >= 0.18)."""
     cfg = SoapConfig(lr=lr, weight_decay=weight_decay, **{"nonfinite": "raise", **soap_kwargs})

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_muon.config.optimizer import SCALE_MODES, MuonConfig
+from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, SCALE_MODES, MuonConfig
 from nemo_muon.optim.fused import merge_parts, split_parts
 from nemo_muon.optim.newton_schulz import newton_schulz_many
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
@@ -65,7 +65,7 @@ class Muon(RoutedOptimizer):
         self,
         params: Iterable[Any],
         lr: float,
-        weight_decay: float = 0.0,
+        weight_decay: float = DEFAULT_WEIGHT_DECAY,
         *,
         momentum: float = 0.95,
         nesterov: bool = True,

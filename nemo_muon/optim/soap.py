@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_muon.config.optimizer import SoapConfig
+from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, SoapConfig
 from nemo_muon.optim.muon import tp_partition_dim
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
 from nemo_muon.optim.routing import GateUpLayout, MatrixRule
@@ -63,7 +63,7 @@ class SOAP(RoutedOptimizer):
         self,
         params: Iterable[Any],
         lr: float,
-        weight_decay: float = 0.0,
+        weight_decay: float = DEFAULT_WEIGHT_DECAY,
         *,
         betas: tuple[float, float] = (0.9, 0.95),
         shampoo_beta: float = 0.95,
