@@ -68,3 +68,9 @@ def test_data_parallel_size_is_what_remains_of_the_world():
     assert p.dp(64) == 8
     with pytest.raises(ValueError, match=r"world size must be a multiple of tp\*pp\*cp = 2\*4\*1 = 8; got 60"):
         p.dp(60)
+
+
+def test_corpus_root_only_with_the_stdlib_text_corpus():
+    assert DataConfig(kind="stdlib_text", corpus_root="/data/py").corpus_root == "/data/py"
+    with pytest.raises(ValueError, match=r"data.corpus_root applies only to data.kind='stdlib_text'; got it with kind='mock'"):
+        DataConfig(kind="mock", corpus_root="/data/py")

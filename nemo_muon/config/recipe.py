@@ -150,6 +150,9 @@ class DataConfig:
     kind: str = "mock"
     path: str | None = None
     """For kind='indexed': the Megatron indexed dataset prefix (PREFIX.bin / PREFIX.idx)."""
+    corpus_root: str | None = None
+    """For kind='stdlib_text': a folder of .py files to use instead of the running interpreter's standard library
+    (small corpora for quick trials and tests)."""
     tokenizer_dir: str | None = None
     """Where the locally trained tokenizer is cached (None = a cache folder under the run root)."""
     val_fraction: float = 0.05
@@ -162,6 +165,8 @@ class DataConfig:
         check_choice("data.kind", self.kind, DATA_KINDS)
         if self.kind == "indexed" and not self.path:
             raise ValueError("data.path must name a Megatron indexed dataset prefix when data.kind='indexed'; got None")
+        if self.corpus_root is not None and self.kind != "stdlib_text":
+            raise ValueError(f"data.corpus_root applies only to data.kind='stdlib_text'; got it with kind={self.kind!r}")
         check_range("data.val_fraction", self.val_fraction, low=0.0, high=0.5, low_inclusive=False)
 
 
