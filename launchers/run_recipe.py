@@ -2,8 +2,8 @@
 
 Builds the recipe, applies the overrides (nemo_muon.recipes.overrides), records how the job was launched in
 ``<run dir>/launch.json`` (rank 0; secret values masked) and calls the backend's ``pretrain(recipe)``:
-``nemo_muon.train.pretrain`` (torch; ``$NEMO_MUON_CORPUS_ROOT``, when set, is its ``corpus_root``: a small .py
-corpus instead of the stdlib) or ``nemo_muon.megatron.bridge`` (megatron, in the NeMo container).
+``nemo_muon.train.pretrain`` (torch) or ``nemo_muon.megatron.bridge`` (megatron, in the NeMo container).
+A small .py corpus instead of the stdlib is the override ``data.corpus_root=<dir>``.
 Under ``srun`` with one task per GPU (no torchrun), RANK / WORLD_SIZE / LOCAL_RANK come from SLURM_PROCID /
 SLURM_NTASKS / SLURM_LOCALID.
 """
@@ -19,8 +19,6 @@ from pathlib import Path
 
 from nemo_muon.launchers.secrets import MASK, is_secret_name
 
-CORPUS_ENV_VAR = "NEMO_MUON_CORPUS_ROOT"
-"""A folder of .py files that replaces the Python stdlib corpus of data.kind='stdlib_text' (small trials, CI)."""
 LAUNCH_ENV_VAR = "NEMO_MUON_LAUNCH_ENV"
 """Comma-separated names of the variables the launcher set for the job (recorded in launch.json)."""
 
@@ -70,8 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         record = launch_record(args.recipe, args.overrides, dict(os.environ))
         (run_dir / "launch.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    corpus = os.environ.get(CORPUS_ENV_VAR)
-    pretrain_recipe(recipe, **({"corpus_root": corpus} if corpus and recipe.backend == "torch" else {}))
+    pretrain_recipe(recipe)
     return 0
 
 

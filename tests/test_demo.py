@@ -6,7 +6,8 @@ from nemo_muon.train.demo import demo_recipes, main, run_demo
 from tests.test_train_loop import small_corpus
 
 
-def _shrink(r):
+def _shrink(r, corpus):
+    r.data.corpus_root = corpus
     r.trainer.max_steps, r.trainer.global_batch_size, r.trainer.micro_batch_size = 4, 8, 4
     r.trainer.seq_length, r.trainer.eval_interval, r.trainer.eval_iters = 32, 2, 1
     r.scheduler.warmup_steps = 1
@@ -14,7 +15,7 @@ def _shrink(r):
 
 def test_demo_writes_report_and_prints_table(tmp_path, capsys):
     out = run_demo("kimi_k2", runs_root=str(tmp_path / "runs"), reports_root=str(tmp_path / "reports"),
-                   adjust=_shrink, corpus_root=small_corpus(tmp_path / "corpus"))
+                   adjust=lambda r: _shrink(r, small_corpus(tmp_path / "corpus")))
     printed = capsys.readouterr().out
     report = out["report"]
     assert report.parent.parent == tmp_path / "reports" and report.parent.name.startswith("demo-kimi_k2-")

@@ -54,8 +54,8 @@ def test_sample_is_bounded_and_deterministic():
 
 
 def test_stdlib_split_accounts_for_every_token(corpus, tmp_path):
-    data = build_token_data(DataConfig(kind="stdlib_text", val_fraction=0.1), vocab_size=512, seq_length=32,
-                            seed=1, cache_dir=tmp_path, corpus_root=corpus)
+    data = build_token_data(DataConfig(kind="stdlib_text", val_fraction=0.1, corpus_root=str(corpus)), vocab_size=512,
+                            seq_length=32, seed=1, cache_dir=tmp_path)
     info = data.info
     assert info["documents"] == 12 and info["total_tokens"] == data.tokens.size
     assert data.num_train + data.num_val == info["windows"]
@@ -66,14 +66,14 @@ def test_stdlib_split_accounts_for_every_token(corpus, tmp_path):
     # validation windows are the tail; windows overlap by exactly one token (input + shifted label)
     assert data.val_ids()[0] == data.num_train
     np.testing.assert_array_equal(data.window(0)[-1:], data.window(1)[:1])
-    again = build_token_data(DataConfig(kind="stdlib_text", val_fraction=0.1), vocab_size=512, seq_length=32,
-                             seed=1, cache_dir=tmp_path, corpus_root=corpus)
+    again = build_token_data(DataConfig(kind="stdlib_text", val_fraction=0.1, corpus_root=str(corpus)), vocab_size=512,
+                             seq_length=32, seed=1, cache_dir=tmp_path)
     np.testing.assert_array_equal(again.tokens, data.tokens)
 
 
 def test_batches_are_a_seeded_permutation(corpus, tmp_path):
-    data = build_token_data(DataConfig(kind="stdlib_text"), vocab_size=512, seq_length=32, seed=5,
-                            cache_dir=tmp_path, corpus_root=corpus)
+    data = build_token_data(DataConfig(kind="stdlib_text", corpus_root=str(corpus)), vocab_size=512, seq_length=32,
+                            seed=5, cache_dir=tmp_path)
     n = data.num_train
     steps = n // 8
     epoch = np.concatenate([data.train_batch_ids(s, 8, seed=5) for s in range(steps)])
@@ -127,17 +127,17 @@ def test_missing_or_empty_data_is_a_clear_error(tmp_path):
     empty_dir = tmp_path / "no_py"
     empty_dir.mkdir()
     with pytest.raises(ValueError, match=r"data corpus must contain non-empty .py files; found none under"):
-        build_token_data(DataConfig(kind="stdlib_text"), vocab_size=512, seq_length=8, seed=0, cache_dir=tmp_path,
-                         corpus_root=empty_dir)
+        build_token_data(DataConfig(kind="stdlib_text", corpus_root=str(empty_dir)), vocab_size=512, seq_length=8, seed=0,
+                         cache_dir=tmp_path)
     with pytest.raises(ValueError, match=r"data corpus root must be an existing directory; got '.*absent'"):
-        build_token_data(DataConfig(kind="stdlib_text"), vocab_size=512, seq_length=8, seed=0, cache_dir=tmp_path,
-                         corpus_root=tmp_path / "absent")
+        build_token_data(DataConfig(kind="stdlib_text", corpus_root=str(tmp_path / "absent")), vocab_size=512, seq_length=8,
+                         seed=0, cache_dir=tmp_path)
 
 
 def test_dataset_too_small_for_sequence_length(corpus, tmp_path):
     with pytest.raises(ValueError, match=r"dataset must hold at least 200001 tokens for trainer.seq_length=100000"):
-        build_token_data(DataConfig(kind="stdlib_text"), vocab_size=512, seq_length=100_000, seed=0,
-                         cache_dir=tmp_path, corpus_root=corpus)
+        build_token_data(DataConfig(kind="stdlib_text", corpus_root=str(corpus)), vocab_size=512, seq_length=100_000,
+                         seed=0, cache_dir=tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["cosine", "wsd", "constant"])

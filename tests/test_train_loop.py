@@ -22,20 +22,23 @@ def small_corpus(root, n=12):
     return str(root)
 
 
-def short(name, root, steps=6):
-    """The recipe with a test-sized loop: 8 windows of 32 tokens per step, 2 micro-batches per rank."""
+def short(name, root, steps=6, corpus=None):
+    """The recipe with a test-sized loop: 8 windows of 32 tokens per step, 2 micro-batches per rank; ``corpus``
+    (a folder of .py files) as ``data.corpus_root``."""
     r = get_recipe(name)
     r.trainer.max_steps, r.trainer.global_batch_size, r.trainer.micro_batch_size = steps, 8, 2
     r.trainer.seq_length, r.trainer.eval_interval, r.trainer.eval_iters = 32, 3, 1
     r.scheduler.warmup_steps = 1
     r.logging.root, r.data.tokenizer_dir = str(root), str(root / "tokenizer")
+    r.data.corpus_root = corpus
+    r.validate()
     return r
 
 
 def _train_all(rank, world, group, names, root, corpus):
     from nemo_muon.train.loop import train
 
-    return {n: train(short(n, root), group=group, corpus_root=corpus) for n in names}
+    return {n: train(short(n, root, corpus=corpus), group=group) for n in names}
 
 
 @pytest.fixture(scope="module")

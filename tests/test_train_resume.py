@@ -13,8 +13,8 @@ from tests.test_train_loop import short, small_corpus
 NAMES = ("tiny_kimi_k2_muon", "tiny_kimi_k2_adamw")
 
 
-def _variant(name, root, run, *, resume=False, world=2):
-    r = short(name, root)
+def _variant(name, root, run, *, resume=False, world=2, corpus=None):
+    r = short(name, root, corpus=corpus)
     r.logging.run_name = f"{name}-{run}"
     r.checkpoint.save_interval = 3
     r.checkpoint.resume = resume
@@ -29,12 +29,12 @@ def _runs(rank, world, group, root, corpus):
 
     out = {}
     for name in NAMES:
-        full = train(_variant(name, root, "full"), group=group, corpus_root=corpus)
-        first = train(_variant(name, root, "cut"), group=group, corpus_root=corpus, stop_after_steps=3)
+        full = train(_variant(name, root, "full", corpus=corpus), group=group)
+        first = train(_variant(name, root, "cut", corpus=corpus), group=group, stop_after_steps=3)
         if rank == 0:  # the same checkpoints, for a DP-1 resume later
             shutil.copytree(root / f"{name}-cut" / "checkpoints", root / f"{name}-dp1" / "checkpoints")
         dist.barrier(group)
-        rest = train(_variant(name, root, "cut", resume=True), group=group, corpus_root=corpus)
+        rest = train(_variant(name, root, "cut", resume=True, corpus=corpus), group=group)
         out[name] = (full, first, rest)
     return out
 
@@ -64,7 +64,7 @@ def test_resume_across_dp_2_to_1(resumed, name):
     root, corpus, out = resumed
     full = out[name][0]
     torch.set_num_threads(1)
-    dp1 = train(_variant(name, root, "dp1", resume=True, world=1), group=None, corpus_root=corpus)
+    dp1 = train(_variant(name, root, "dp1", resume=True, world=1, corpus=corpus), group=None)
     assert dp1["world_size"] == 1 and dp1["start_step"] == 3
     # DP 1 accumulates 4 micro-batches where DP 2 adds 2 + 2: the same math in another float order. The first
     # resumed step shows the state was restored exactly; later steps may drift slightly because top-k expert
@@ -102,17 +102,18 @@ def test_fresh_run_refuses_a_used_run_folder(resumed):
     from nemo_muon.train.loop import train
 
     root, corpus, _ = resumed
-    r = _variant("tiny_kimi_k2_adamw", root, "full", world=1)
+    r = _variant("tiny_kimi_k2_adamw", root, "full", world=1, corpus=corpus)
     with pytest.raises(ValueError, match=r"already holds checkpoints; set checkpoint.resume=True"):
-        train(r, group=None, corpus_root=corpus)
+        train(r, group=None)
     r.checkpoint.save_interval = 0
     with pytest.raises(ValueError, match=r"logging.run_name must name a new run folder.*already holds metrics.jsonl"):
-        train(r, group=None, corpus_root=corpus)
+        train(r, group=None)
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     from nemo_muon.train.loop import train
 
-    r = _variant("tiny_kimi_k2_adamw", tmp_path, "none", resume=True, world=1)
+    r = _variant("tiny_kimi_k2_adamw", tmp_path, "none", resume=True, world=1,
+                 corpus=small_corpus(tmp_path / "corpus"))
     with pytest.raises(ValueError, match=r"checkpoint.resume=True needs a verified checkpoint under .*; found none"):
-        train(r, group=None, corpus_root=small_corpus(tmp_path / "corpus"))
+        train(r, group=None)

@@ -171,13 +171,14 @@ def default_cache_dir(data: DataConfig, logging_root: str) -> Path:
 
 
 def build_token_data(data: DataConfig, *, vocab_size: int, seq_length: int, seed: int,
-                     cache_dir: str | os.PathLike, corpus_root: str | os.PathLike | None = None) -> TokenData:
+                     cache_dir: str | os.PathLike) -> TokenData:
     """Build (or load from cache) the token data a recipe's ``data`` section describes.
 
-    ``corpus_root`` replaces the stdlib directory for kind='stdlib_text' (tests use a small corpus).
+    ``data.corpus_root`` replaces the stdlib directory for kind='stdlib_text' (small trials and tests).
     """
     data.validate()
     if data.kind == "stdlib_text":
+        corpus_root = data.corpus_root
         files = stdlib_source_files(corpus_root)
         documents = read_documents(files)
         if not documents:

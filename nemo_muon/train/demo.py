@@ -41,11 +41,11 @@ def demo_recipes(family: str, *, steps: int | None, runs_root: str, stamp: str) 
 
 
 def run_demo(family: str = "kimi_k2", *, steps: int | None = None, runs_root: str = "runs",
-             reports_root: str = "reports", adjust: Callable[[TrainingRecipe], None] | None = None,
-             corpus_root: str | None = None) -> dict[str, Any]:
+             reports_root: str = "reports", adjust: Callable[[TrainingRecipe], None] | None = None
+             ) -> dict[str, Any]:
     """Train both runs and write the report; returns {'report': path, 'table': text, 'runs': [summaries]}.
 
-    ``adjust`` may change the recipes before they run (tests shrink them); ``corpus_root`` replaces the stdlib.
+    ``adjust`` may change the recipes before they run (tests shrink them, or set ``data.corpus_root``).
     """
     from nemo_muon.reporting import render_table, write_report
     from nemo_muon.train.loop import run_dir_of
@@ -61,7 +61,7 @@ def run_demo(family: str = "kimi_k2", *, steps: int | None = None, runs_root: st
         t = r.trainer
         print(f"== {r.name}: {r.optimizer.name} (lr {r.optimizer.lr:g}), {r.world_size} gloo ranks, {t.max_steps} "
               f"steps x {t.global_batch_size} x {t.seq_length} tokens -> {run_dir_of(r)}", flush=True)
-        summaries.append(launch_local(r, corpus_root=corpus_root))
+        summaries.append(launch_local(r))
     run_dirs = [run_dir_of(r) for r in recipes]
     out = Path(reports_root) / f"demo-{family}-{stamp}"
     md = write_report(run_dirs, out)

@@ -107,8 +107,7 @@ def run_dir_of(recipe: TrainingRecipe) -> Path:
     return Path(recipe.logging.root) / (recipe.logging.run_name or recipe.name)
 
 
-def train(recipe: TrainingRecipe, *, group: Any = None, corpus_root: str | None = None,
-          stop_after_steps: int | None = None) -> dict[str, Any]:
+def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | None = None) -> dict[str, Any]:
     """Train ``recipe`` on this rank of ``group`` (None = one process); returns a summary (same on every rank).
 
     ``stop_after_steps`` ends the run early after that many steps (the schedule still spans max_steps): used to
@@ -122,8 +121,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, corpus_root: str | None 
 
     cache_dir = default_cache_dir(recipe.data, recipe.logging.root)
     build = lambda: build_token_data(recipe.data, vocab_size=recipe.model.vocab_size,  # noqa: E731
-                                     seq_length=t.seq_length, seed=t.seed, cache_dir=cache_dir,
-                                     corpus_root=corpus_root)
+                                     seq_length=t.seq_length, seed=t.seed, cache_dir=cache_dir)
     if rank == 0:  # one rank fills the tokenizer / token caches, the others then read them
         data = build()
     _barrier(group)

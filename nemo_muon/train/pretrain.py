@@ -29,7 +29,7 @@ def _init_from_env(recipe: TrainingRecipe) -> tuple[Any, bool]:
 def pretrain(recipe: TrainingRecipe, **kwargs: Any) -> dict[str, Any]:
     """Train ``recipe`` with the torch backend on this process's rank; returns the run summary (see loop.train).
 
-    ``kwargs`` go to `nemo_muon.train.loop.train` (``corpus_root``, ``stop_after_steps``).
+    ``kwargs`` go to `nemo_muon.train.loop.train` (``stop_after_steps``).
     """
     recipe.validate()
     if recipe.backend != "torch":

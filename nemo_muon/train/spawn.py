@@ -82,7 +82,7 @@ def launch_local(recipe: TrainingRecipe, nprocs: int | None = None, *, timeout_s
                  **kwargs: Any) -> dict[str, Any]:
     """Train ``recipe`` on ``nprocs`` (default: recipe.world_size) local gloo ranks; rank 0's summary.
 
-    ``kwargs`` go to `nemo_muon.train.loop.train` (``corpus_root``, ``stop_after_steps``).
+    ``kwargs`` go to `nemo_muon.train.loop.train` (``stop_after_steps``).
     """
     world = nprocs if nprocs is not None else recipe.world_size
     if world == 1:
