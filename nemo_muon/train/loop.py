@@ -75,8 +75,13 @@ def autocast_context(kind: str) -> contextlib.AbstractContextManager:
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
+def param_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters live: inputs and the scalars all-reduced go there (NCCL reduces no CPU tensors)."""
+    return next(model.parameters()).device
+
+
 def _loss_sum(model: torch.nn.Module, windows: np.ndarray, precision: str) -> tuple[torch.Tensor, int]:
-    x = torch.from_numpy(windows)
+    x = torch.from_numpy(windows).to(param_device(model))
     with autocast_context(precision):
         logits = model(input_ids=x[:, :-1], use_cache=False).logits
     loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
@@ -93,10 +98,11 @@ def evaluate(model: torch.nn.Module, data: TokenData, recipe: TrainingRecipe, gr
     mine = np.array_split(ids, world)[rank]
     was_training = model.training
     model.eval()
-    total = torch.zeros(2, dtype=torch.float64)
+    device = param_device(model)
+    total = torch.zeros(2, dtype=torch.float64, device=device)
     for start in range(0, len(mine), t.micro_batch_size):
         loss, n = _loss_sum(model, data.batch(mine[start: start + t.micro_batch_size]), recipe.precision.kind)
-        total += torch.tensor([float(loss), n], dtype=torch.float64)
+        total += torch.tensor([float(loss), n], dtype=torch.float64, device=device)
     if group is not None:
         dist.all_reduce(total, group=group)
     model.train(was_training)
@@ -181,7 +187,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
             g["lr"] = g["peak_lr"] * mult
         ids = data.train_batch_ids(step, t.global_batch_size, t.seed)[rank * per_rank:(rank + 1) * per_rank]
         opt.zero_grad()
-        loss_acc = torch.zeros(1, dtype=torch.float64)
+        loss_acc = torch.zeros(1, dtype=torch.float64, device=param_device(model))
         for micro in range(accum):
             chunk = ids[micro * t.micro_batch_size:(micro + 1) * t.micro_batch_size]
             loss, n = _loss_sum(model, data.batch(chunk), recipe.precision.kind)
