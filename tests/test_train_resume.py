@@ -1,12 +1,14 @@
 """Checkpoints and resume: stop after k steps, resume, and the next losses equal an uninterrupted run, at the same
-DP size (bitwise) and across DP 2 -> 1 (to float summation order); checkpoints are verified and never overwritten."""
+DP size (bitwise) and across DP 2 -> 1 (to float summation order), for Muon and the AdamW baseline alike (both
+through nemo_muon.layerwise.checkpoint); a corrupt checkpoint is refused with a clear message, partial ones are
+ignored, a used run folder is never overwritten."""
 
 import shutil
 
 import pytest
 import torch
 
-from nemo_muon.train import checkpoint as ckpt
+from nemo_muon.layerwise.checkpoint import CheckpointError
 from tests.distributed import run_distributed
 from tests.test_train_loop import short, small_corpus
 
@@ -50,7 +52,7 @@ def resumed(tmp_path_factory):
 def test_resume_same_dp_is_bitwise_identical(resumed, name):
     _, _, out = resumed
     full, first, rest = out[name]
-    assert first["end_step"] == 3 and rest["start_step"] == 3 and rest["resumed_from"].endswith("step_0000003")
+    assert first["end_step"] == 3 and rest["start_step"] == 3 and rest["resumed_from"].endswith("step_00000003")
     assert sorted(rest["losses"]) == [4, 5, 6]
     for step in (4, 5, 6):
         assert rest["losses"][step] == full["losses"][step]
@@ -75,27 +77,43 @@ def test_resume_across_dp_2_to_1(resumed, name):
     assert dp1["val_losses"][6] == pytest.approx(full["val_losses"][6], abs=1e-2)
 
 
-def test_checkpoints_are_verified_and_never_overwritten(tmp_path):
-    state = {"w": torch.arange(4.0)}
-    ckpt.save_checkpoint(tmp_path, 3, model_state=state, optimizer_state={"kind": "x"}, meta={"recipe": "r"})
-    ckpt.save_checkpoint(tmp_path, 6, model_state=state, optimizer_state={"kind": "x"}, meta={"recipe": "r"})
-    with pytest.raises(FileExistsError, match="never overwritten"):
-        ckpt.save_checkpoint(tmp_path, 6, model_state=state, optimizer_state={}, meta={})
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_0000006"
-    with open(tmp_path / "step_0000006" / "model.pt", "r+b") as f:  # flip one byte: corrupt
+def test_corrupt_checkpoint_is_refused_and_partial_ones_ignored(resumed):
+    from nemo_muon.train.loop import train
+
+    root, corpus, _ = resumed
+    name = "tiny_kimi_k2_adamw"
+    r = _variant(name, root, "bad", resume=True, world=1, corpus=corpus)
+    r.checkpoint.save_interval = 0  # resume, take one step, write nothing
+    ckpts = root / f"{name}-bad" / "checkpoints"
+    shutil.copytree(root / f"{name}-cut" / "checkpoints", ckpts)  # steps 3 and 6
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003", "step_00000006"]
+    (ckpts / ".tmp_step_00000009").mkdir()  # a save killed midway
+    (ckpts / "step_00000012").mkdir()  # a folder without manifest: never complete
+    with open(ckpts / "step_00000006" / "model.pt", "r+b") as f:  # flip one byte: corrupt
         f.seek(-1, 2)
         last = f.read(1)
         f.seek(-1, 2)
         f.write(bytes([last[0] ^ 0xFF]))
-    with pytest.warns(UserWarning, match=r"model.pt' must match its manifest SHA-256"):
-        assert ckpt.latest_checkpoint(tmp_path).name == "step_0000003"
-    model_state, opt_state, manifest = ckpt.load_checkpoint(tmp_path / "step_0000003")
-    assert torch.equal(model_state["w"], state["w"]) and manifest["step"] == 3 and manifest["recipe"] == "r"
-    (tmp_path / "step_0000009").mkdir()  # a folder without manifest (a writer that died) is never loaded
-    with pytest.warns(UserWarning) as record:
-        assert ckpt.latest_checkpoint(tmp_path).name == "step_0000003"
-    messages = [str(w.message) for w in record]
-    assert any("manifest.json; it is missing" in m for m in messages) and any("model.pt" in m for m in messages)
+    with pytest.raises(CheckpointError, match=r"cannot resume from .*step_00000006.*model.pt is corrupt.*"
+                                              r"Move that folder aside"):
+        train(r, group=None, stop_after_steps=1)
+    shutil.move(ckpts / "step_00000006", root / "moved_aside")
+    out = train(r, group=None, stop_after_steps=1)
+    assert out["start_step"] == 3 and out["resumed_from"].endswith("step_00000003") and sorted(out["losses"]) == [4]
+
+
+def test_resume_refuses_another_optimizers_checkpoint_and_layerwise_off(resumed):
+    from nemo_muon.train.loop import train
+
+    root, corpus, _ = resumed
+    r = _variant("tiny_kimi_k2_adamw", root, "from-muon", resume=True, world=1, corpus=corpus)
+    shutil.copytree(root / "tiny_kimi_k2_muon-cut" / "checkpoints", root / "tiny_kimi_k2_adamw-from-muon" / "checkpoints")
+    with pytest.raises(ValueError, match=r"optimizer.name must match the checkpoint's optimizer 'muon' to resume; "
+                                         r"got 'adamw'"):
+        train(r, group=None)
+    r.layerwise = False
+    with pytest.raises(ValueError, match=r"recipe.layerwise must be True for backend 'torch'.*got False"):
+        train(r, group=None)
 
 
 def test_fresh_run_refuses_a_used_run_folder(resumed):

@@ -6,6 +6,10 @@ and the step) is split evenly over the DP ranks and, within a rank, into micro-b
 global batch, so the update does not depend on the DP size. Then the learning rate is set from the schedule and
 the training optimizer reduces, clips and steps. Rank 0 logs metrics (JSONL schema in docs/ARCHITECTURE.md),
 prints a progress line, validates every ``trainer.eval_interval`` steps and at the end, and checkpoints.
+
+Checkpoints are `nemo_muon.layerwise.checkpoint`'s (atomic, never overwritten, loadable at any DP size, verified
+by checksums agreed across ranks), for every optimizer; the training state rides in their ``extra``
+(`training_state`): step, data position, scheduler, RNG.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.layerwise import checkpoint as lw_ckpt
 from nemo_muon.models.hf import build_model, count_parameters
-from nemo_muon.train import checkpoint as ckpt
 from nemo_muon.train.data import TokenData, build_token_data, default_cache_dir
 from nemo_muon.train.flops import StepFlops, step_flops
 from nemo_muon.train.metrics import METRICS_FILE, MetricsWriter, Stopwatch, progress_line
@@ -30,6 +34,7 @@ from nemo_muon.train.optimizers import TrainingOptimizer, build_training_optimiz
 from nemo_muon.train.schedule import lr_multiplier
 
 TORCH_PRECISIONS = ("fp32", "bf16")
+TRAINING_STATE_FORMAT = "nemo_muon.train.state/1"
 
 
 def _rank_world(group: Any) -> tuple[int, int]:
@@ -44,6 +49,9 @@ def _barrier(group: Any) -> None:
 def check_torch_recipe(recipe: TrainingRecipe, world_size: int) -> int:
     """Validate what the torch backend supports; returns the gradient-accumulation steps per rank."""
     recipe.validate()
+    if not recipe.layerwise:
+        raise ValueError("recipe.layerwise must be True for backend 'torch' (every optimizer runs through the "
+                         "layer-wise engine: one optimizer state and checkpoint format); got False")
     p = recipe.parallelism
     for name in ("tp", "pp", "cp", "ep", "etp", "vp"):
         if getattr(p, name) != 1:
@@ -143,18 +151,18 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
 
     start_step, resumed_from = 0, None
     if recipe.checkpoint.resume:
-        latest = ckpt.latest_checkpoint(ckpt_root)
+        latest = lw_ckpt.latest_checkpoint(ckpt_root)
         if latest is None:
             raise ValueError(f"checkpoint.resume=True needs a verified checkpoint under {str(ckpt_root)!r}; "
                              "found none")
-        model_state, opt_state, manifest = ckpt.load_checkpoint(latest)
-        if manifest.get("data_fingerprint") != data.info["fingerprint"]:
-            raise ValueError(f"checkpoint data fingerprint must match this run's data "
-                             f"{data.info['fingerprint']!r}; got {manifest.get('data_fingerprint')!r}")
-        model.load_state_dict(model_state)
-        opt.load_state_dict(opt_state)
-        start_step, resumed_from = int(manifest["step"]), str(latest)
-    elif recipe.checkpoint.save_interval and ckpt.latest_checkpoint(ckpt_root) is not None:
+        try:
+            extra = lw_ckpt.load_checkpoint(latest, model, opt.engine, group)
+        except lw_ckpt.CheckpointError as err:
+            raise lw_ckpt.CheckpointError(f"checkpoint.resume=True cannot resume from {str(latest)!r}: {err}. Move "
+                                          "that folder aside to resume from an earlier checkpoint") from err
+        start_step = restore_training_state(extra, recipe, data, latest)
+        resumed_from = str(latest)
+    elif recipe.checkpoint.save_interval and lw_ckpt.latest_checkpoint(ckpt_root) is not None:
         raise ValueError(f"checkpoint.dir {str(ckpt_root)!r} already holds checkpoints; set checkpoint.resume=True "
                          "or choose a new checkpoint.dir / logging.run_name (checkpoints are never overwritten)")
 
@@ -220,7 +228,9 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
         eta = (end_step - done) * (clock.elapsed() / (done - start_step))
         metrics.progress(progress_line(done, t.max_steps, loss_value, tps, eta, val_loss))
         if recipe.checkpoint.save_interval and (done % recipe.checkpoint.save_interval == 0 or done == end_step):
-            _save(recipe, model, opt, ckpt_root, done, world, data, rank, group)
+            opt.wait_params()
+            lw_ckpt.save_checkpoint(ckpt_root, done, model, opt.engine,
+                                    training_state(recipe, done, world, data), group)
     metrics.close()
     steady_steps = max(0, end_step - start_step - 1)
     return {
@@ -231,13 +241,41 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
     }
 
 
-def _save(recipe: TrainingRecipe, model: torch.nn.Module, opt: TrainingOptimizer, root: Path, step: int,
-          world: int, data: TokenData, rank: int, group: Any) -> None:
-    opt.wait_params()
-    opt_state = opt.state_dict()  # may be a collective (sharded optimizers gather to a full state)
-    if rank == 0:
-        ckpt.remove_partial(root)
-        ckpt.save_checkpoint(root, step, model_state=model.state_dict(), optimizer_state=opt_state,
-                             meta={"recipe": recipe.name, "world_size": world, "optimizer": recipe.optimizer.name,
-                                   "data_fingerprint": data.info["fingerprint"]})
-    _barrier(group)
+
+def training_state(recipe: TrainingRecipe, step: int, world: int, data: TokenData) -> dict[str, Any]:
+    """The ``extra`` of a checkpoint after ``step`` steps: what resuming needs besides weights and optimizer state.
+
+    The data position is the next step (batches are a function of seed and step), the scheduler is a function of
+    the step (its settings are recorded), the RNG is this process's torch CPU generator.
+    """
+    t = recipe.trainer
+    return {
+        "format": TRAINING_STATE_FORMAT, "step": step, "recipe": recipe.name, "optimizer": recipe.optimizer.name,
+        "world_size": world,
+        "data": {"fingerprint": data.info["fingerprint"], "next_step": step, "seed": t.seed,
+                 "global_batch_size": t.global_batch_size, "seq_length": t.seq_length},
+        "scheduler": {"kind": recipe.scheduler.kind, "warmup_steps": recipe.scheduler.warmup_steps,
+                      "max_steps": t.max_steps},
+        "rng": {"torch_cpu": torch.get_rng_state()},
+    }
+
+
+def restore_training_state(extra: dict[str, Any], recipe: TrainingRecipe, data: TokenData, path: Path) -> int:
+    """Check a loaded checkpoint's training state against this run, restore the RNG; returns the step to resume at."""
+    if extra.get("format") != TRAINING_STATE_FORMAT:
+        raise ValueError(f"checkpoint {str(path)!r} must hold training state {TRAINING_STATE_FORMAT!r} in its extra "
+                         f"(saved by the training loop); got format {extra.get('format')!r}")
+    if extra["optimizer"] != recipe.optimizer.name:
+        raise ValueError(f"optimizer.name must match the checkpoint's optimizer {extra['optimizer']!r} to resume; "
+                         f"got {recipe.optimizer.name!r}")
+    saved = extra["data"]
+    if saved["fingerprint"] != data.info["fingerprint"]:
+        raise ValueError(f"checkpoint data fingerprint must match this run's data "
+                         f"{data.info['fingerprint']!r}; got {saved['fingerprint']!r}")
+    t = recipe.trainer
+    for field, value in (("seed", t.seed), ("global_batch_size", t.global_batch_size), ("seq_length", t.seq_length)):
+        if saved[field] != value:
+            raise ValueError(f"trainer.{field} must equal the checkpoint's {saved[field]} to continue its data order; "
+                             f"got {value}")
+    torch.set_rng_state(extra["rng"]["torch_cpu"])
+    return int(saved["next_step"])
