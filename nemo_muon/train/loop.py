@@ -30,7 +30,7 @@ from nemo_muon.models.hf import build_model, count_parameters
 from nemo_muon.train.data import TokenData, build_token_data, default_cache_dir
 from nemo_muon.train.flops import StepFlops, step_flops
 from nemo_muon.train.metrics import METRICS_FILE, MetricsWriter, Stopwatch, progress_line
-from nemo_muon.train.optimizers import TrainingOptimizer, build_training_optimizer, optimizer_kind
+from nemo_muon.train.optimizers import TrainingOptimizer, build_training_optimizer
 from nemo_muon.train.schedule import lr_multiplier
 
 TORCH_PRECISIONS = ("fp32", "bf16")
@@ -174,7 +174,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
     metrics = MetricsWriter(run_dir, enabled=rank == 0, tensorboard=recipe.logging.tensorboard)
     metrics.write("run", recipe=recipe.name, optimizer=recipe.optimizer.name, world_size=world,
                   model_params=count_parameters(model), model_family=recipe.model.family,
-                  optimizer_kind=optimizer_kind(recipe, world), max_steps=t.max_steps,
+                  optimizer_engine="layerwise", max_steps=t.max_steps,
                   global_batch_size=t.global_batch_size, micro_batch_size=t.micro_batch_size,
                   grad_accumulation=accum, seq_length=t.seq_length, seed=t.seed, precision=recipe.precision.kind,
                   lr=recipe.optimizer.lr, scheduler=recipe.scheduler.kind, data=data.info,

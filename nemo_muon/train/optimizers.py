@@ -4,21 +4,19 @@
 `nemo_muon.layerwise.LayerWiseDistributedOptimizer`: each DP rank owns whole tensors, gradients are
 reduce-scattered to their owners, owners update, updated tensors are all-gathered (overlapped with the next
 forward). At DP 1 the same engine runs without communication, so there is one optimizer state format and one
-checkpoint path (`nemo_muon.layerwise.checkpoint`) at every DP size.
-
-The wrapper exposes a small interface: `param_groups`, `zero_grad()`, `step() -> StepResult`, `wait_params()`
-(finish any pending parameter gather before the model is read outside a forward pass) and `engine` (for
-checkpoints).
+checkpoint path (`nemo_muon.layerwise.checkpoint`, with ``engine``) at every DP size.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer
 
 
 @dataclass
@@ -33,23 +31,36 @@ class StepResult:
     """Wall time of reduce + clip + update (+ any non-overlapped parameter gather)."""
 
 
-class TrainingOptimizer(Protocol):
-    param_groups: list[dict[str, Any]]
-    engine: Any
+class TrainingOptimizer:
+    """Clip the global grad norm and step the layer-wise engine; `wait_params()` finishes a pending gather."""
 
-    def zero_grad(self) -> None: ...
-    def step(self) -> StepResult: ...
-    def wait_params(self) -> None: ...
+    def __init__(self, engine: LayerWiseDistributedOptimizer, *, grad_clip: float) -> None:
+        self.engine = engine
+        self.grad_clip = grad_clip
 
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.engine.param_groups
 
-def optimizer_kind(recipe: TrainingRecipe, dp: int) -> str:
-    """How `build_training_optimizer` runs this recipe's optimizer: always 'layerwise' (at DP 1 without
-    communication), so checkpoints have one format at every DP size and for every optimizer."""
-    return "layerwise"
+    def zero_grad(self) -> None:
+        self.engine.zero_grad(set_to_none=True)
+
+    def step(self) -> StepResult:
+        t0 = time.perf_counter()
+        if self.grad_clip > 0:
+            norm = self.engine.clip_grad_norm_(self.grad_clip)
+        else:
+            norm = self.engine.global_grad_norm()
+        self.engine.step()
+        return StepResult(grad_norm=norm, skipped=self.engine.last_step_skipped,
+                          optimizer_time_s=time.perf_counter() - t0)
+
+    def wait_params(self) -> None:
+        """Finish any pending parameter gather (before the model is read outside a forward pass)."""
+        self.engine.finish_param_gather()
 
 
 def build_training_optimizer(recipe: TrainingRecipe, model: torch.nn.Module, *, group: Any) -> TrainingOptimizer:
-    """The recipe's optimizer, wired for data parallelism over ``group`` (None = one process)."""
-    from nemo_muon.train.layerwise_adapter import build_layerwise
-
-    return build_layerwise(recipe, model, group=group)
+    """The recipe's optimizer (Muon, SOAP or AdamW), layer-wise over ``group`` (None = one process)."""
+    engine = LayerWiseDistributedOptimizer(model, recipe.optimizer, dp_group=group, overlap_param_gather=True)
+    return TrainingOptimizer(engine, grad_clip=recipe.trainer.grad_clip)
