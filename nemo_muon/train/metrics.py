@@ -41,10 +41,12 @@ class MetricsWriter:
     """Appends events to <run_dir>/metrics.jsonl (and TensorBoard); a no-op on ranks other than 0."""
 
     def __init__(self, run_dir: str | Path, *, enabled: bool, tensorboard: bool = False,
-                 stream: TextIO | None = sys.stdout) -> None:
+                 stream: TextIO | None = None) -> None:
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self.stream = stream
+        """Where progress lines go; None = the process's stdout at the time of each line (not at construction:
+        the stream may be replaced in between, e.g. by a test runner's capture)."""
         self._file = None
         self._tb = None
         self.tensorboard = False
@@ -80,8 +82,8 @@ class MetricsWriter:
 
     def progress(self, line: str) -> None:
         """Print a progress line (rank 0 only)."""
-        if self.enabled and self.stream is not None:
-            print(line, file=self.stream, flush=True)
+        if self.enabled:
+            print(line, file=self.stream if self.stream is not None else sys.stdout, flush=True)
 
     def close(self) -> None:
         if self._file is not None:
