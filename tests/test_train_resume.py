@@ -135,3 +135,18 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
                  corpus=small_corpus(tmp_path / "corpus"))
     with pytest.raises(ValueError, match=r"checkpoint.resume=True needs a verified checkpoint under .*; found none"):
         train(r, group=None)
+
+
+def test_resume_refuses_a_changed_learning_rate_schedule(resumed):
+    from nemo_muon.train.loop import train
+
+    root, corpus, _ = resumed
+    r = _variant("tiny_kimi_k2_muon", root, "sched", resume=True, world=1, corpus=corpus)
+    shutil.copytree(root / "tiny_kimi_k2_muon-cut" / "checkpoints", root / "tiny_kimi_k2_muon-sched" / "checkpoints")
+    r.trainer.max_steps = 8
+    with pytest.raises(ValueError, match=r"trainer.max_steps must equal the checkpoint's 6 to continue its "
+                                         r"learning-rate schedule; got 8"):
+        train(r, group=None)
+    r.trainer.max_steps, r.scheduler.min_lr_ratio = 6, 0.5
+    with pytest.raises(ValueError, match=r"scheduler.min_lr_ratio must equal the checkpoint's 0.1 .*; got 0.5"):
+        train(r, group=None)

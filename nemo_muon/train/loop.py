@@ -254,10 +254,16 @@ def training_state(recipe: TrainingRecipe, step: int, world: int, data: TokenDat
         "world_size": world,
         "data": {"fingerprint": data.info["fingerprint"], "next_step": step, "seed": t.seed,
                  "global_batch_size": t.global_batch_size, "seq_length": t.seq_length},
-        "scheduler": {"kind": recipe.scheduler.kind, "warmup_steps": recipe.scheduler.warmup_steps,
-                      "max_steps": t.max_steps},
+        "scheduler": _schedule_settings(recipe),
         "rng": {"torch_cpu": torch.get_rng_state()},
     }
+
+
+def _schedule_settings(recipe: TrainingRecipe) -> dict[str, Any]:
+    """Everything the learning rate of a step depends on besides the step (the schedule is a function of it)."""
+    s = recipe.scheduler
+    return {"kind": s.kind, "warmup_steps": s.warmup_steps, "min_lr_ratio": s.min_lr_ratio,
+            "wsd_decay_fraction": s.wsd_decay_fraction, "max_steps": recipe.trainer.max_steps}
 
 
 def restore_training_state(extra: dict[str, Any], recipe: TrainingRecipe, data: TokenData, path: Path) -> int:
@@ -277,5 +283,10 @@ def restore_training_state(extra: dict[str, Any], recipe: TrainingRecipe, data: 
         if saved[field] != value:
             raise ValueError(f"trainer.{field} must equal the checkpoint's {saved[field]} to continue its data order; "
                              f"got {value}")
+    for field, value in _schedule_settings(recipe).items():
+        section = "trainer" if field == "max_steps" else "scheduler"
+        if extra["scheduler"].get(field) != value:
+            raise ValueError(f"{section}.{field} must equal the checkpoint's {extra['scheduler'].get(field)!r} to "
+                             f"continue its learning-rate schedule; got {value!r}")
     torch.set_rng_state(extra["rng"]["torch_cpu"])
     return int(saved["next_step"])
