@@ -93,3 +93,22 @@ def test_report_of_a_muon_adamw_pair(runs, tmp_path):
     assert "tiny_kimi_k2_muon" in text and "tiny_kimi_k2_adamw" in text
     assert (tmp_path / "report" / "loss_vs_step.png").stat().st_size > 1000
     assert (tmp_path / "report" / "loss_vs_time.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("precision.kind", "fp8_cs", r"precision.kind must be one of \('fp32', 'bf16'\) for backend 'torch'; got 'fp8_cs'"),
+    ("precision.kind", "mxfp8", r"precision.kind must be one of \('fp32', 'bf16'\) for backend 'torch'; got 'mxfp8'"),
+    ("parallelism.tp", 2, r"parallelism.tp must be 1 for backend 'torch' \(data parallelism only\); got 2"),
+    ("parallelism.sequence_parallel", True, r"parallelism.sequence_parallel must be False .*; got True and None"),
+    ("parallelism.pipeline_layout", "Et|L", r"parallelism.pipeline_layout None .*; got False and 'Et\|L'"),
+    ("qk_clip", True, r"recipe.qk_clip must be False for backend 'torch'.*got True"),
+])
+def test_torch_backend_refuses_what_it_cannot_honour(field, value, message):
+    from nemo_muon.train.loop import check_torch_recipe
+
+    r = get_recipe("tiny_kimi_k2_muon")
+    assert check_torch_recipe(r, r.world_size) >= 1  # the recipe as shipped is accepted
+    *path, last = field.split(".")
+    setattr(r if not path else getattr(r, path[0]), last, value)
+    with pytest.raises(ValueError, match=message):
+        check_torch_recipe(r, r.world_size)

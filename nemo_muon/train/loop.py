@@ -57,6 +57,12 @@ def check_torch_recipe(recipe: TrainingRecipe, world_size: int) -> int:
         if getattr(p, name) != 1:
             raise ValueError(f"parallelism.{name} must be 1 for backend 'torch' (data parallelism only); "
                              f"got {getattr(p, name)}")
+    if p.sequence_parallel or p.pipeline_layout is not None:
+        raise ValueError(f"parallelism.sequence_parallel must be False and parallelism.pipeline_layout None for backend "
+                         f"'torch' (data parallelism only); got {p.sequence_parallel} and {p.pipeline_layout!r}")
+    if recipe.qk_clip:
+        raise ValueError("recipe.qk_clip must be False for backend 'torch' (MuonClip runs in the 'megatron' backend); "
+                         "got True")
     if recipe.world_size != world_size:
         raise ValueError(f"system.num_nodes*gpus_per_node must equal the number of running ranks {world_size}; "
                          f"got {recipe.world_size}")
