@@ -112,3 +112,19 @@ def test_torch_backend_refuses_what_it_cannot_honour(field, value, message):
     setattr(r if not path else getattr(r, path[0]), last, value)
     with pytest.raises(ValueError, match=message):
         check_torch_recipe(r, r.world_size)
+
+
+def test_training_device_follows_system_gpu():
+    import torch
+
+    from nemo_muon.train.loop import training_device
+
+    r = get_recipe("tiny_kimi_k2_muon")
+    assert training_device(r) == torch.device("cpu")
+    r.system.gpu = "h200"
+    if torch.cuda.is_available():
+        assert training_device(r).type == "cuda"
+    else:
+        with pytest.raises(ValueError, match=r"system.gpu must be 'cpu' for backend 'torch' on a machine without "
+                                             r"CUDA devices; got 'h200'"):
+            training_device(r)

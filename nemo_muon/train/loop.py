@@ -15,6 +15,7 @@ by checksums agreed across ranks), for every optimizer; the training state rides
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -80,13 +81,25 @@ def check_torch_recipe(recipe: TrainingRecipe, world_size: int) -> int:
     return t.global_batch_size // per_step
 
 
-def autocast_context(kind: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on the CPU for precision 'bf16' (raises if this CPU has no bf16 kernels), else nothing."""
+def training_device(recipe: TrainingRecipe) -> torch.device:
+    """Where this rank trains: the CPU for ``system.gpu == 'cpu'``, else CUDA device LOCAL_RANK (torchrun/srun)."""
+    if recipe.system.gpu == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"system.gpu must be 'cpu' for backend 'torch' on a machine without CUDA devices; "
+                         f"got {recipe.system.gpu!r}")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
+
+
+def autocast_context(kind: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on ``device`` for precision 'bf16' (raises on a CPU without bf16 kernels), else nothing."""
     if kind != "bf16":
         return contextlib.nullcontext()
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         raise ValueError("precision.kind must be 'fp32' on this CPU (no bf16 support); got 'bf16'")
-    return torch.autocast("cpu", dtype=torch.bfloat16)
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def param_device(model: torch.nn.Module) -> torch.device:
@@ -96,7 +109,7 @@ def param_device(model: torch.nn.Module) -> torch.device:
 
 def _loss_sum(model: torch.nn.Module, windows: np.ndarray, precision: str) -> tuple[torch.Tensor, int]:
     x = torch.from_numpy(windows).to(param_device(model))
-    with autocast_context(precision):
+    with autocast_context(precision, x.device):
         logits = model(input_ids=x[:, :-1], use_cache=False).logits
     loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
     return loss, x[:, 1:].numel()
@@ -135,6 +148,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
     """
     rank, world = _rank_world(group)
     accum = check_torch_recipe(recipe, world)
+    device = training_device(recipe)
     t = recipe.trainer
     run_dir = run_dir_of(recipe)
     ckpt_root = Path(recipe.checkpoint.dir) if recipe.checkpoint.dir else run_dir / "checkpoints"
@@ -149,7 +163,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
         data = build()
 
     torch.manual_seed(t.seed)
-    model = build_model(recipe.model, seed=t.seed)
+    model = build_model(recipe.model, seed=t.seed).to(device)
     model.train()
     opt: TrainingOptimizer = build_training_optimizer(recipe, model, group=group)
     for g in opt.param_groups:
