@@ -3,6 +3,7 @@ DP size (bitwise) and across DP 2 -> 1 (to float summation order), for Muon and 
 through nemo_muon.layerwise.checkpoint); a corrupt checkpoint is refused with a clear message, partial ones are
 ignored, a used run folder is never overwritten."""
 
+import json
 import shutil
 
 import pytest
@@ -50,13 +51,16 @@ def resumed(tmp_path_factory):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_resume_same_dp_is_bitwise_identical(resumed, name):
-    _, _, out = resumed
+    root, _, out = resumed
     full, first, rest = out[name]
     assert first["end_step"] == 3 and rest["start_step"] == 3 and rest["resumed_from"].endswith("step_00000003")
     assert sorted(rest["losses"]) == [4, 5, 6]
     for step in (4, 5, 6):
         assert rest["losses"][step] == full["losses"][step]
     assert rest["val_losses"][6] == full["val_losses"][6]
+    tokens = [{e["step"]: e["tokens"] for e in map(json.loads, (root / f"{name}-{run}" / "metrics.jsonl").open())
+               if e["event"] == "train"} for run in ("full", "cut")]
+    assert tokens[1] == tokens[0] and tokens[0][6] == 6 * 8 * 32  # cumulative over the resume, not restarted
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -206,7 +206,6 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
     end_step = t.max_steps if stop_after_steps is None else min(t.max_steps, start_step + stop_after_steps)
     losses: dict[int, float] = {}
     val_losses: dict[int, float] = {}
-    tokens_done = 0
     steady_time = 0.0
     for step in range(start_step, end_step):
         t0 = time.perf_counter()
@@ -228,14 +227,13 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
         step_time = time.perf_counter() - t0
         done = step + 1
         tokens = t.global_batch_size * t.seq_length
-        tokens_done += tokens
         if done > start_step + 1:
             steady_time += step_time
         losses[done] = loss_value
         tps = tokens / step_time
         if done % t.log_interval == 0 or done == end_step:
             metrics.write("train", step=done, loss=loss_value, lr=recipe.optimizer.lr * mult,
-                          grad_norm=result.grad_norm, skipped=result.skipped, tokens=tokens_done,
+                          grad_norm=result.grad_norm, skipped=result.skipped, tokens=done * tokens,
                           step_time_s=step_time, optimizer_time_s=result.optimizer_time_s, tokens_per_s=tps,
                           model_tflops=flops.model_flops / world / step_time / 1e12,
                           ns_tflops=flops.ns_flops / world / step_time / 1e12, elapsed_s=clock.elapsed())
