@@ -64,7 +64,7 @@ def tiny_kimi_k2_muon() -> TrainingRecipe:
 
 @recipe
 def tiny_kimi_k2_adamw() -> TrainingRecipe:
-    """Tiny Kimi K2 (DeepseekV3) with AdamW (DDP) on 2 CPU ranks: the baseline of tiny_kimi_k2_muon."""
+    """Tiny Kimi K2 (DeepseekV3) with layer-wise AdamW on 2 CPU ranks: the baseline of tiny_kimi_k2_muon."""
     return _tiny_base("tiny_kimi_k2_adamw", TINY_KIMI_K2, _adamw())
 
 
@@ -82,5 +82,5 @@ def tiny_qwen3_moe_muon() -> TrainingRecipe:
 
 @recipe
 def tiny_qwen3_moe_adamw() -> TrainingRecipe:
-    """Tiny Qwen3-MoE with AdamW (DDP) on 2 CPU ranks: the baseline of tiny_qwen3_moe_muon."""
+    """Tiny Qwen3-MoE with layer-wise AdamW on 2 CPU ranks: the baseline of tiny_qwen3_moe_muon."""
     return _tiny_base("tiny_qwen3_moe_adamw", TINY_QWEN3_MOE, _adamw())
