@@ -8,6 +8,7 @@ import pytest
 from nemo_muon.recipes import get_recipe, list_recipes
 
 from nemo_muon.train.data import stdlib_source_files
+from nemo_muon.train.schedule import lr_multiplier
 from tests.distributed import run_distributed
 
 TINY = sorted(n for n in list_recipes() if n.startswith("tiny_"))
@@ -80,6 +81,9 @@ def test_metrics_jsonl_follows_the_schema(runs, name):
             assert isinstance(e[key], (int, float)), key
         assert 0 < e["optimizer_time_s"] < e["step_time_s"]
     assert train[-1]["tokens"] == 6 * 8 * 32
+    r = short(name, root)
+    for e in train:  # the logged lr is the recipe's peak times its schedule at that step
+        assert e["lr"] == pytest.approx(r.optimizer.lr * lr_multiplier(r.scheduler, e["step"] - 1, 6), rel=1e-12)
     assert (train[0]["ns_tflops"] > 0) == ("muon" in name)
     assert [e["step"] for e in events if e["event"] == "val"] == [3, 6]
 
@@ -128,3 +132,18 @@ def test_training_device_follows_system_gpu():
         with pytest.raises(ValueError, match=r"system.gpu must be 'cpu' for backend 'torch' on a machine without "
                                              r"CUDA devices; got 'h200'"):
             training_device(r)
+
+
+def test_log_interval_and_eval_interval_zero_are_honoured(runs):
+    from nemo_muon.train.loop import train
+
+    root, _ = runs  # its corpus and tokenizer cache
+    r = short("tiny_qwen3_moe_adamw", root, steps=3, corpus=str(root / "corpus"))
+    r.logging.run_name = "intervals"
+    r.system.gpus_per_node, r.trainer.global_batch_size = 1, 4
+    r.trainer.log_interval, r.trainer.eval_interval, r.trainer.grad_clip = 2, 0, 0.0
+    out = train(r, group=None)
+    events = [json.loads(line) for line in (root / "intervals" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "train"] == [2, 3]  # every 2nd step and the last
+    assert [e["step"] for e in events if e["event"] == "val"] == [3] and sorted(out["val_losses"]) == [3]
+    assert sorted(out["losses"]) == [1, 2, 3]
