@@ -61,6 +61,9 @@ def test_resume_same_dp_is_bitwise_identical(resumed, name):
     tokens = [{e["step"]: e["tokens"] for e in map(json.loads, (root / f"{name}-{run}" / "metrics.jsonl").open())
                if e["event"] == "train"} for run in ("full", "cut")]
     assert tokens[1] == tokens[0] and tokens[0][6] == 6 * 8 * 32  # cumulative over the resume, not restarted
+    elapsed = [e["elapsed_s"] for e in map(json.loads, (root / f"{name}-cut" / "metrics.jsonl").open())
+               if e["event"] == "train"]
+    assert len(elapsed) == 6 and elapsed == sorted(elapsed)  # time continues over the resume too
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -169,7 +169,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
     for g in opt.param_groups:
         g.setdefault("peak_lr", g["lr"])
 
-    start_step, resumed_from = 0, None
+    start_step, resumed_from, elapsed_before = 0, None, 0.0
     if recipe.checkpoint.resume:
         latest = lw_ckpt.latest_checkpoint(ckpt_root)
         if latest is None:
@@ -181,6 +181,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
             raise lw_ckpt.CheckpointError(f"checkpoint.resume=True cannot resume from {str(latest)!r}: {err}. Move "
                                           "that folder aside to resume from an earlier checkpoint") from err
         start_step = restore_training_state(extra, recipe, data, latest)
+        elapsed_before = float(extra.get("elapsed_s", 0.0))  # metrics time continues over the resume
         resumed_from = str(latest)
     elif recipe.checkpoint.save_interval and lw_ckpt.latest_checkpoint(ckpt_root) is not None:
         raise ValueError(f"checkpoint.dir {str(ckpt_root)!r} already holds checkpoints; set checkpoint.resume=True "
@@ -236,19 +237,19 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
                           grad_norm=result.grad_norm, skipped=result.skipped, tokens=done * tokens,
                           step_time_s=step_time, optimizer_time_s=result.optimizer_time_s, tokens_per_s=tps,
                           model_tflops=flops.model_flops / world / step_time / 1e12,
-                          ns_tflops=flops.ns_flops / world / step_time / 1e12, elapsed_s=clock.elapsed())
+                          ns_tflops=flops.ns_flops / world / step_time / 1e12, elapsed_s=elapsed_before + clock.elapsed())
         val_loss = None
         if (t.eval_interval and done % t.eval_interval == 0) or done == t.max_steps:
             opt.wait_params()
             val_loss = evaluate(model, data, recipe, group)
             val_losses[done] = val_loss
-            metrics.write("val", step=done, val_loss=val_loss, elapsed_s=clock.elapsed())
+            metrics.write("val", step=done, val_loss=val_loss, elapsed_s=elapsed_before + clock.elapsed())
         eta = (end_step - done) * (clock.elapsed() / (done - start_step))
         metrics.progress(progress_line(done, t.max_steps, loss_value, tps, eta, val_loss))
         if recipe.checkpoint.save_interval and (done % recipe.checkpoint.save_interval == 0 or done == end_step):
             opt.wait_params()
             lw_ckpt.save_checkpoint(ckpt_root, done, model, opt.engine,
-                                    training_state(recipe, done, world, data), group)
+                                    training_state(recipe, done, world, data, elapsed_before + clock.elapsed()), group)
     metrics.close()
     steady_steps = max(0, end_step - start_step - 1)
     return {
@@ -260,11 +261,13 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
 
 
 
-def training_state(recipe: TrainingRecipe, step: int, world: int, data: TokenData) -> dict[str, Any]:
+def training_state(recipe: TrainingRecipe, step: int, world: int, data: TokenData,
+                   elapsed_s: float) -> dict[str, Any]:
     """The ``extra`` of a checkpoint after ``step`` steps: what resuming needs besides weights and optimizer state.
 
     The data position is the next step (batches are a function of seed and step), the scheduler is a function of
-    the step (its settings are recorded), the RNG is this process's torch CPU generator.
+    the step (its settings are recorded and checked on resume), the RNG is this process's torch CPU generator,
+    ``elapsed_s`` the run's metrics time so far (a resumed run's ``elapsed_s`` continues from it).
     """
     t = recipe.trainer
     return {
@@ -273,7 +276,7 @@ def training_state(recipe: TrainingRecipe, step: int, world: int, data: TokenDat
         "data": {"fingerprint": data.info["fingerprint"], "next_step": step, "seed": t.seed,
                  "global_batch_size": t.global_batch_size, "seq_length": t.seq_length},
         "scheduler": _schedule_settings(recipe),
-        "rng": {"torch_cpu": torch.get_rng_state()},
+        "rng": {"torch_cpu": torch.get_rng_state()}, "elapsed_s": elapsed_s,
     }
 
 
