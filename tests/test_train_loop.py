@@ -147,3 +147,21 @@ def test_log_interval_and_eval_interval_zero_are_honoured(runs):
     assert [e["step"] for e in events if e["event"] == "train"] == [2, 3]  # every 2nd step and the last
     assert [e["step"] for e in events if e["event"] == "val"] == [3] and sorted(out["val_losses"]) == [3]
     assert sorted(out["losses"]) == [1, 2, 3]
+
+
+def test_more_validation_windows_than_the_data_holds_is_refused():
+    import numpy as np
+
+    from nemo_muon.train.data import split_tokens
+    from nemo_muon.train.loop import check_eval_windows
+
+    r = get_recipe("tiny_kimi_k2_muon")
+    data = split_tokens(np.arange(100 * 128 + 1), 128, 0.05, {})  # 100 windows, 5 for validation
+    r.trainer.global_batch_size, r.trainer.eval_iters = 4, 1
+    check_eval_windows(r, data)
+    r.trainer.eval_iters = 0  # all of them
+    check_eval_windows(r, data)
+    r.trainer.eval_iters = 2
+    with pytest.raises(ValueError, match=r"trainer.eval_iters \* global_batch_size must be <= the 5 validation windows "
+                                         r".*; got 2 \* 4 = 8"):
+        check_eval_windows(r, data)

@@ -93,6 +93,15 @@ def training_device(recipe: TrainingRecipe) -> torch.device:
     return device
 
 
+def check_eval_windows(recipe: TrainingRecipe, data: TokenData) -> None:
+    """Validation uses eval_iters * global_batch_size windows (all for eval_iters=0): refuse more than the data holds."""
+    t = recipe.trainer
+    if t.eval_iters * t.global_batch_size > data.num_val:
+        raise ValueError(f"trainer.eval_iters * global_batch_size must be <= the {data.num_val} validation windows "
+                         f"(raise data.val_fraction, or eval_iters=0 for all of them); got {t.eval_iters} * "
+                         f"{t.global_batch_size} = {t.eval_iters * t.global_batch_size}")
+
+
 def autocast_context(kind: str, device: torch.device) -> contextlib.AbstractContextManager:
     """bf16 autocast on ``device`` for precision 'bf16' (raises on a CPU without bf16 kernels), else nothing."""
     if kind != "bf16":
@@ -161,6 +170,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
     _barrier(group)
     if rank != 0:
         data = build()
+    check_eval_windows(recipe, data)
 
     torch.manual_seed(t.seed)
     model = build_model(recipe.model, seed=t.seed).to(device)
