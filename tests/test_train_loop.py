@@ -165,3 +165,11 @@ def test_more_validation_windows_than_the_data_holds_is_refused():
     with pytest.raises(ValueError, match=r"trainer.eval_iters \* global_batch_size must be <= the 5 validation windows "
                                          r".*; got 2 \* 4 = 8"):
         check_eval_windows(r, data)
+
+
+def test_launch_local_refuses_a_gpu_recipe():
+    from nemo_muon.recipes import get_recipe
+    from nemo_muon.train.spawn import launch_local
+
+    with pytest.raises(ValueError, match=r"system.gpu must be 'cpu' for launch_local .*; got 'gb300'"):
+        launch_local(get_recipe("qwen3_30b_a3b_muon"))

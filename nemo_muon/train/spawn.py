@@ -19,6 +19,18 @@ from typing import Any
 from nemo_muon.config.recipe import TrainingRecipe
 
 
+def _contains_tensor(obj: Any) -> bool:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return any(_contains_tensor(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_contains_tensor(v) for v in obj)
+    return False
+
+
 def _rank_main(rank: int, world: int, init_file: str, fn: Callable, args: Sequence[Any], results: Any) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
@@ -29,6 +41,10 @@ def _rank_main(rank: int, world: int, init_file: str, fn: Callable, args: Sequen
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
         try:
             out = fn(rank, world, dist.group.WORLD, *args)
+            if _contains_tensor(out):
+                # a tensor travels through shared memory that disappears when this process exits
+                raise TypeError(f"{getattr(fn, '__name__', fn)} returned a torch.Tensor; return plain data "
+                                "(numbers, lists, numpy arrays via t.numpy()) from a rank")
         finally:
             dist.destroy_process_group()
         results.put((rank, "ok", out))
@@ -37,7 +53,11 @@ def _rank_main(rank: int, world: int, init_file: str, fn: Callable, args: Sequen
 
 
 def spawn_ranks(fn: Callable, world: int, args: Sequence[Any] = (), *, timeout_s: float = 3600.0) -> list[Any]:
-    """Run ``fn(rank, world, group, *args)`` (a module-level function) on ``world`` gloo ranks; results by rank."""
+    """Run ``fn(rank, world, group, *args)`` (a module-level function) on ``world`` gloo ranks; results by rank.
+
+    Results must be plain data (no torch tensors). Raises RuntimeError with the rank's traceback when a rank fails,
+    TimeoutError when the ranks do not finish within ``timeout_s``.
+    """
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -84,6 +104,10 @@ def launch_local(recipe: TrainingRecipe, nprocs: int | None = None, *, timeout_s
 
     ``kwargs`` go to `nemo_muon.train.loop.train` (``stop_after_steps``).
     """
+    if recipe.system.gpu != "cpu":
+        raise ValueError(f"system.gpu must be 'cpu' for launch_local (gloo ranks on this machine's CPU); got "
+                         f"{recipe.system.gpu!r}: run GPU recipes with torchrun (python -m nemo_muon.train.pretrain) "
+                         "or nemo-muon launch")
     world = nprocs if nprocs is not None else recipe.world_size
     if world == 1:
         from nemo_muon.train.loop import train
