@@ -169,6 +169,7 @@ def test_more_validation_windows_than_the_data_holds_is_refused():
 
 def test_launch_local_refuses_a_gpu_recipe():
     from nemo_muon.recipes import get_recipe
+
     from nemo_muon.train.spawn import launch_local
 
     with pytest.raises(ValueError, match=r"system.gpu must be 'cpu' for launch_local .*; got 'gb300'"):
