@@ -65,7 +65,8 @@ def test_tiny_recipe_trains_on_slurm_with_hostile_env_and_a_forwarded_secret(slu
     root = tmp_path / "runs"
     result = _launch(["--wait", "--wait-timeout", "240", "--json", "--env", f"NM_HOSTILE={HOSTILE}", "--env",
                       "HF_TOKEN", f"data.corpus_root={small_corpus}", "trainer.max_steps=3",
-                      "trainer.eval_interval=3", f"logging.root={root}"], env={"HF_TOKEN": SECRET})
+                      "trainer.eval_interval=3", "trainer.eval_iters=0", f"logging.root={root}"],
+                     env={"HF_TOKEN": SECRET})
     assert result.exit_code == 0, result.output
     info = json.loads(result.stdout)
     assert info["state"] == "COMPLETED" and info["exit_code"] == 0
