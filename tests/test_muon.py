@@ -309,3 +309,21 @@ def test_weight_decay_default_is_the_configs() -> None:
     p = torch.nn.Parameter(torch.zeros(4, 4))
     assert Muon([("w", p)], lr=1e-3).param_groups[0]["weight_decay"] == MuonConfig().weight_decay == DEFAULT_WEIGHT_DECAY
     assert SOAP([("w", p)], lr=1e-3).param_groups[0]["weight_decay"] == SoapConfig().weight_decay
+
+
+def test_every_shared_default_equals_the_configs() -> None:
+    """Muon's and SOAP's keyword defaults are the configs' defaults, field by field (no second default)."""
+    import dataclasses
+    import inspect
+
+    from nemo_muon.config.optimizer import MuonConfig, SoapConfig
+    from nemo_muon.optim.soap import SOAP
+
+    for cls, cfg in ((Muon, MuonConfig()), (SOAP, SoapConfig())):
+        signature = inspect.signature(cls.__init__).parameters
+        shared = [f.name for f in dataclasses.fields(cfg) if f.init and f.name in signature and f.name != "lr"]
+        assert len(shared) >= 5, (cls.__name__, shared)
+        for name in shared:
+            default = signature[name].default
+            expected = getattr(cfg, name)
+            assert (tuple(default) if isinstance(default, list) else default) == expected, (cls.__name__, name)
