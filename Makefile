@@ -3,8 +3,14 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The container-stack test environment: NGC nemo:26.02's Python stack (docs/container_stack.md).
+STACK_VENV := .venv-ngc
+STACK_LOCK := requirements/container-stack-26.02.txt
+STACK_STAMP := $(STACK_VENV)/.installed
+# Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
+STACK_TESTS := tests/container_stack
 
-.PHONY: demo test lint venv bench clean-venv
+.PHONY: demo test test-main test-stack lint venv stack-venv bench clean-venv
 
 venv: $(STAMP)
 
@@ -19,17 +25,28 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
 
+stack-venv: $(STACK_STAMP)
+
+$(STACK_STAMP): $(STACK_LOCK) pyproject.toml scripts/container_stack_env.sh
+	scripts/container_stack_env.sh $(STACK_VENV) $(STACK_LOCK)
+	@touch $(STACK_STAMP)
+
 demo: venv
 	OMP_NUM_THREADS=1 $(PY) -m nemo_muon.train.demo
 
 lint: venv
 	$(VENV)/bin/ruff check .
 
-test: venv lint
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests
+test: test-main test-stack
+
+test-main: venv lint
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests --ignore=$(STACK_TESTS)
+
+test-stack: stack-venv
+	OMP_NUM_THREADS=1 $(STACK_VENV)/bin/python -m pytest $(STACK_TESTS) tests/megatron_cpu
 
 bench: venv
 	$(PY) bench/ns.py
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(STACK_VENV)

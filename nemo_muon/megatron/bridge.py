@@ -1,15 +1,21 @@
 """The megatron backend: a `TrainingRecipe` -> Megatron-Bridge `ConfigContainer` -> Bridge's `pretrain`.
 
-Written against Megatron-Bridge 0.3.0 (NGC nemo:26.02). The mapping is data (`bridge_recipe_kwargs`,
-`bridge_field_overrides`): plain dicts computed without importing Bridge, tested on CPU against Bridge 0.3.0's field
-names. `build_config_container` and `pretrain` import Bridge lazily, so they only run where Bridge and Transformer
-Engine import (the container):
+Written against Megatron-Bridge 0.3.0 (NGC nemo:26.02) and checked against it: the container-stack test environment
+builds every megatron recipe's real `ConfigContainer` here and runs what Bridge's `pretrain()` runs on it first
+(`runtime_config_update`: mixed precision, comm overlap, `validate()`). The mapping is data (`bridge_recipe_kwargs`,
+`bridge_field_overrides`, `BRIDGE_PERF_MODEL_FIELDS`); `build_config_container` and `pretrain` import Bridge lazily:
 
-1. Bridge's own library recipe for the model family builds the base container (model provider, tokenizer, kernels);
-2. our layout, batch, schedule, data, precision, checkpoint and logging settings are set field by field (a field the
-   installed Bridge lacks raises; nothing is dropped);
+1. Bridge's own library recipe for the model family builds the base container (model provider, tokenizer, kernels),
+   with the precision preset resolved to its `MixedPrecisionConfig` (a preset *name* would stay a `str` until
+   `pretrain()` and could not be adjusted);
+2. our layout, batch, schedule, data, checkpoint and logging settings, and for perf recipes every field Bridge's
+   own performance scripts set (`scripts/performance/`, r0.3.0 for Qwen3-30B-A3B, r0.3.1 for Kimi K2), are set
+   field by field (a field the installed Bridge lacks raises; nothing is dropped). Where ours differ on purpose the
+   field is in `DELIBERATE_DIFFERENCES` (docs/recipes.md prints that table);
 3. the optimizer is replaced by our mapping (`nemo_muon.megatron.optimizer_config`), and the scheduler's weight
    decay is set to the recipe's value (Bridge's optimizer helpers pin it at 0.033).
+
+What the installed stack cannot run is refused before anything is built (`nemo_muon.megatron.stack`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from nemo_muon.config.optimizer import AdamWConfig
@@ -115,16 +122,121 @@ def bridge_optimizer_spec(recipe: TrainingRecipe, fields: set[str] | None = None
     )
 
 
+BRIDGE_PERF_MODEL_FIELDS: dict[str, dict[str, dict[str, Any]]] = {
+    # scripts/performance/configs/kimi/kimi_llm_pretrain.py (r0.3.1) set_kimi_k2_common_configs + the GB300 builder
+    "kimi_k2": {
+        "model": {"moe_router_fusion": True, "recompute_granularity": "selective"},
+        "dist": {"enable_megatron_core_experimental": True},
+        "comm_overlap": {"overlap_grad_reduce": True},
+    },
+    # scripts/performance/configs/qwen/qwen3_llm_pretrain.py (r0.3.0) set_qwen3_common_configs: recompute cleared
+    # for every preset (Bridge's Qwen library recipe defaults to full recompute), bias-activation fusion on
+    "qwen3_30b_a3b": {
+        "model": {"moe_router_fusion": True, "bias_activation_fusion": True, "recompute_granularity": None,
+                  "recompute_method": None, "recompute_num_layers": None},
+    },
+}
+"""Per-model fields Bridge's perf scripts set on top of the library recipe (applied to every perf recipe)."""
+BRIDGE_PERF_COMMON_FIELDS: dict[str, dict[str, Any]] = {
+    # scripts/performance/utils/overrides.py _set_common_perf_overrides (both refs) and the models' common configs
+    "model": {"apply_rope_fusion": True, "cross_entropy_fusion_impl": "te", "use_transformer_engine_op_fuser": False},
+    "mixed_precision": {"grad_reduce_in_fp32": False},
+    "ddp": {"grad_reduce_in_fp32": False, "check_for_large_grads": False},
+    # perf_plugins.py PerfEnvPlugin: Hydra overrides train.manual_gc=true train.manual_gc_interval=100
+    "train": {"manual_gc": True, "manual_gc_interval": 100},
+}
+"""Fields every Bridge perf run sets, whatever the model."""
+HYBRIDEP_NUM_SMS = 32
+"""`moe_hybridep_num_sms` of Bridge's perf runs with the HybridEP flex backend (overrides.py; Megatron's default 16)."""
+GB300_TE_RNG_TRACKER_MODELS: tuple[str, ...] = ("kimi_k2",)
+"""Models whose GB300 perf builder forces the TE RNG tracker on without CUDA graphs (kimi_llm_pretrain.py)."""
+
+
+@dataclass(frozen=True)
+class DeliberateDifference:
+    """A field where a perf recipe differs from Bridge's perf scripts on purpose (docs/recipes.md prints these)."""
+
+    field: str
+    bridge: str
+    ours: str
+    why: str
+
+
+DELIBERATE_DIFFERENCES: tuple[DeliberateDifference, ...] = (
+    DeliberateDifference(
+        "scheduler.start_weight_decay / end_weight_decay", "0.033 (optimizer.weight_decay 0.1 is overwritten every "
+        "step by the constant weight-decay schedule)", "optimizer.weight_decay (0.1)",
+        "the weight decay a recipe states is the one applied; 0.033 was a silent override"),
+    DeliberateDifference(
+        "ddp.check_for_nan_in_grad / rerun_state_machine.check_for_nan_in_loss", "False / False",
+        "True / True", "optimizer.nonfinite='raise': a diverged run stops at the step it diverges instead of "
+                       "benchmarking NaNs (one all-reduced flag per step)"),
+    DeliberateDifference(
+        "optimizer.muon_tp_mode", "blockwise", "duplicated",
+        "updates independent of the TP size (identical at TP=1, where every GB300 recipe runs)"),
+    DeliberateDifference(
+        "optimizer.adam_beta2 (Adam part of Muon: embeddings, output layer, 1-D params)",
+        "0.999 (Megatron-Core's default; Bridge's Muon helper does not set it)", "0.95",
+        "the same betas as the AdamW baseline of the same model, so the comparison changes only the matrix updates"),
+    DeliberateDifference(
+        "optimizer.muon_split_qkv", "True (Megatron-Core default)", "True", "no difference; stated because 0.16's "
+        "field default and ours are both written explicitly"),
+    DeliberateDifference(
+        "model.moe_token_dispatcher_type / moe_flex_dispatcher_backend / moe_shared_expert_overlap",
+        "'flex' / 'hybridep' / False, only if the GPU the config is built on passes apply_flex_dispatcher_backend's "
+        "check", "'flex' / 'hybridep' / False, always",
+        "the config does not depend on the machine that builds it (a login node); Bridge's validate() still "
+        "refuses HybridEP / DeepEP on a GPU generation that lacks it"),
+    DeliberateDifference(
+        "checkpoint.save / load", "None / <cwd>/nemo_experiments/default/checkpoints",
+        "recipe.checkpoint.dir when save_interval > 0 / when resume, else None", "no stray load path"),
+    DeliberateDifference(
+        "logger.tensorboard_dir", "None", "<logging.root>/tensorboard when logging.tensorboard", "recipe setting"),
+)
+
+
+def _perf_model_fields(recipe: TrainingRecipe, knobs: Any) -> dict[str, dict[str, Any]]:
+    """What Bridge's perf scripts set for this (model, gpu) preset, section by section."""
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in BRIDGE_PERF_COMMON_FIELDS.items()}
+    for section, values in BRIDGE_PERF_MODEL_FIELDS.get(recipe.model.name, {}).items():
+        out.setdefault(section, {}).update(values)
+    model = out["model"]
+    if knobs.moe_flex_dispatcher_backend is not None:
+        # flex_dispatcher_backend.py apply_flex_dispatcher_backend: exactly these three fields
+        model.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend=knobs.moe_flex_dispatcher_backend,
+                     moe_shared_expert_overlap=False)
+        if knobs.moe_flex_dispatcher_backend == "hybridep":
+            model["moe_hybridep_num_sms"] = HYBRIDEP_NUM_SMS
+    if knobs.recompute_modules:  # overrides.py _set_recompute_overrides
+        model.update(recompute_modules=list(knobs.recompute_modules), recompute_granularity="selective")
+    # overrides.py _set_cuda_graph_overrides: TE CUDA graphs need the TE RNG tracker
+    model["cuda_graph_impl"] = knobs.cuda_graph_impl
+    model["cuda_graph_scope"] = list(knobs.cuda_graph_scope)
+    te_rng = knobs.cuda_graph_impl != "none" or (recipe.model.name in GB300_TE_RNG_TRACKER_MODELS
+                                                 and knobs.gpu == "gb300")
+    model["use_te_rng_tracker"] = te_rng
+    out.setdefault("rng", {})["te_rng_tracker"] = te_rng
+    if recipe.data.kind == "mock":
+        model["moe_router_force_load_balancing"] = True  # Bridge perf runs: balanced routing on mock data
+    return out
+
+
 def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) -> dict[str, dict[str, Any]]:
     """ConfigContainer section -> {field: value} set on top of the Bridge base recipe (optimizer excluded).
 
-    ``bridge_knobs`` is the `recipes.systems.BridgePerfLayout` row of the recipe's (model, gpu), if any: its
-    dispatcher / recompute / CUDA-graph settings are applied as Bridge's perf scripts apply them.
+    ``bridge_knobs`` is the `recipes.systems.BridgePerfLayout` row of the recipe's (model, gpu), if any: then every
+    field Bridge's perf scripts set is included (`BRIDGE_PERF_*`), and ours win only where listed in
+    `DELIBERATE_DIFFERENCES`.
     """
     _check_supported(recipe)
     par, tr, sch, opt = recipe.parallelism, recipe.trainer, recipe.scheduler, recipe.optimizer
     is_adam = isinstance(opt, AdamWConfig)
-    model: dict[str, Any] = {
+    out: dict[str, dict[str, Any]] = _perf_model_fields(recipe, bridge_knobs) if bridge_knobs is not None else {}
+
+    def merge(section: str, values: dict[str, Any]) -> None:
+        out.setdefault(section, {}).update(values)
+
+    merge("model", {
         **_parallel_sizes(par),
         "expert_tensor_parallel_size": par.etp,
         "seq_length": tr.seq_length,
@@ -132,16 +244,7 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) 
         "qk_clip": recipe.qk_clip,
         "qk_clip_threshold": recipe.qk_clip_threshold,
         "qk_clip_alpha": recipe.qk_clip_alpha,
-    }
-    if bridge_knobs is not None:
-        if bridge_knobs.moe_flex_dispatcher_backend is not None:
-            model["moe_token_dispatcher_type"] = "flex"
-            model["moe_flex_dispatcher_backend"] = bridge_knobs.moe_flex_dispatcher_backend
-        model["recompute_modules"] = list(bridge_knobs.recompute_modules) or None
-        model["cuda_graph_impl"] = bridge_knobs.cuda_graph_impl
-        model["cuda_graph_scope"] = list(bridge_knobs.cuda_graph_scope)
-        if recipe.data.kind == "mock":
-            model["moe_router_force_load_balancing"] = True  # Bridge perf runs: balanced routing on mock data
+    })
     scheduler: dict[str, Any] = {
         "lr_decay_style": SCHEDULER_TO_BRIDGE[sch.kind],
         "lr_warmup_iters": sch.warmup_steps,
@@ -152,40 +255,37 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) 
     }
     if sch.kind == "wsd":
         scheduler["lr_wsd_decay_iters"] = max(1, round(tr.max_steps * sch.wsd_decay_fraction))
-    mixed_precision: dict[str, Any] = {}
+    merge("scheduler", scheduler)
     if recipe.precision.kind == "mxfp8" and not is_adam:
         # Bridge's WAR: MXFP8 param all-gather needs the standard distributed optimizer, not the layer-wise one.
-        mixed_precision = {"fp8_param_gather": False, "reuse_grad_buf_for_mxfp8_param_ag": False}
-    return {
-        "model": model,
-        "train": {
-            "train_iters": tr.max_steps,
-            "global_batch_size": tr.global_batch_size,
-            "micro_batch_size": tr.micro_batch_size,
-            "eval_interval": tr.eval_interval or None,
-            "eval_iters": tr.eval_iters,
-        },
-        "scheduler": scheduler,
-        "ddp": {
-            # Bridge: AdamW uses the distributed optimizer with param-gather overlap; Muon/SOAP need both off
-            "use_distributed_optimizer": is_adam,
-            "overlap_param_gather": is_adam,
-            "check_for_nan_in_grad": getattr(opt, "nonfinite", "raise") == "raise",
-        },
-        "mixed_precision": mixed_precision,
-        "dataset": {"sequence_length": tr.seq_length},
-        "checkpoint": {
-            "save_interval": recipe.checkpoint.save_interval or None,
-            "save": recipe.checkpoint.dir,
-            "load": recipe.checkpoint.dir if recipe.checkpoint.resume else None,
-        },
-        "logger": {
-            "log_interval": tr.log_interval,
-            **({"tensorboard_dir": os.path.join(recipe.logging.root, "tensorboard")} if recipe.logging.tensorboard
-               else {}),
-        },
-        "rng": {"seed": tr.seed},
-    }
+        merge("mixed_precision", {"fp8_param_gather": False, "reuse_grad_buf_for_mxfp8_param_ag": False})
+    merge("train", {
+        "train_iters": tr.max_steps,
+        "global_batch_size": tr.global_batch_size,
+        "micro_batch_size": tr.micro_batch_size,
+        "eval_interval": tr.eval_interval or None,
+        "eval_iters": tr.eval_iters,
+    })
+    nan_checks = getattr(opt, "nonfinite", "raise") == "raise"
+    merge("ddp", {
+        # Bridge: AdamW uses the distributed optimizer with param-gather overlap; Muon/SOAP need both off
+        "use_distributed_optimizer": is_adam,
+        "overlap_param_gather": is_adam,
+        "check_for_nan_in_grad": nan_checks,
+    })
+    merge("rerun_state_machine", {"check_for_nan_in_loss": nan_checks})
+    merge("dataset", {"sequence_length": tr.seq_length})
+    merge("checkpoint", {
+        "save_interval": recipe.checkpoint.save_interval or None,
+        "save": recipe.checkpoint.dir if recipe.checkpoint.save_interval else None,
+        "load": recipe.checkpoint.dir if recipe.checkpoint.resume else None,
+    })
+    merge("logger", {
+        "log_interval": tr.log_interval,
+        "tensorboard_dir": os.path.join(recipe.logging.root, "tensorboard") if recipe.logging.tensorboard else None,
+    })
+    merge("rng", {"seed": tr.seed})
+    return out
 
 
 def _set_fields(container: Any, overrides: dict[str, dict[str, Any]]) -> None:
@@ -196,6 +296,9 @@ def _set_fields(container: Any, overrides: dict[str, dict[str, Any]]) -> None:
                 raise ValueError(f"ConfigContainer.{section_name} is None in the Bridge base recipe; cannot set "
                                  f"{sorted(values)}")
             continue
+        if not dataclasses.is_dataclass(section):
+            raise TypeError(f"ConfigContainer.{section_name} is a {type(section).__name__}, not a config dataclass; "
+                            f"cannot set {sorted(values)}")
         names = {f.name for f in dataclasses.fields(section)}
         for name, value in values.items():
             if name not in names:
@@ -205,14 +308,28 @@ def _set_fields(container: Any, overrides: dict[str, dict[str, Any]]) -> None:
 
 
 def build_config_container(recipe: TrainingRecipe) -> Any:
-    """The Bridge `ConfigContainer` of ``recipe`` (imports Megatron-Bridge: inside the NeMo container only)."""
+    """The Bridge `ConfigContainer` of ``recipe`` (imports Megatron-Bridge: the NeMo container or the container-stack
+    test environment). Raises before building if the installed stack cannot run the recipe's optimizer."""
+    from nemo_muon.megatron.stack import check_installed_stack
+
+    recipe.validate()
+    check_installed_stack(recipe)
+    return config_container(recipe)
+
+
+def config_container(recipe: TrainingRecipe) -> Any:
+    """The `ConfigContainer` alone, without asking whether the installed optimizer stack can build the optimizer it
+    names (`build_config_container` asks first; this is what it builds, and what the config tests validate)."""
     from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 
     from nemo_muon.recipes.systems import BRIDGE_PERF_LAYOUTS
 
     recipe.validate()
     module_name, fn_name = BRIDGE_BASE_RECIPES[recipe.model.name].split(":")
-    container = getattr(importlib.import_module(module_name), fn_name)(**bridge_recipe_kwargs(recipe))
+    kwargs = bridge_recipe_kwargs(recipe)
+    kwargs["precision_config"] = get_mixed_precision_config(kwargs["precision_config"])
+    container = getattr(importlib.import_module(module_name), fn_name)(**kwargs)
     spec = bridge_optimizer_spec(recipe)
     container.optimizer = BridgeOptimizerConfig(**spec.kwargs)
     container.optimizer.optimizer = spec.bridge_optimizer  # Bridge 0.3.0 dispatches Muon on this name
