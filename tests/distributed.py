@@ -18,6 +18,7 @@ from typing import Any
 from nemo_muon.train.spawn import spawn_ranks
 
 
-def run_distributed(fn: Callable, world_size: int, args: Sequence[Any] = (), timeout_s: float = 180.0) -> list[Any]:
+def run_distributed(fn: Callable, world_size: int, args: Sequence[Any] = (), timeout_s: float = 180.0,
+                    daemon: bool = True) -> list[Any]:
     """Run ``fn(rank, world_size, group, *args)`` on ``world_size`` gloo ranks; return the results by rank."""
-    return spawn_ranks(fn, world_size, args, timeout_s=timeout_s)
+    return spawn_ranks(fn, world_size, args, timeout_s=timeout_s, daemon=daemon)

@@ -52,11 +52,13 @@ def _rank_main(rank: int, world: int, init_file: str, fn: Callable, args: Sequen
         results.put((rank, "error", traceback.format_exc()))
 
 
-def spawn_ranks(fn: Callable, world: int, args: Sequence[Any] = (), *, timeout_s: float = 3600.0) -> list[Any]:
+def spawn_ranks(fn: Callable, world: int, args: Sequence[Any] = (), *, timeout_s: float = 3600.0,
+                daemon: bool = True) -> list[Any]:
     """Run ``fn(rank, world, group, *args)`` (a module-level function) on ``world`` gloo ranks; results by rank.
 
     Results must be plain data (no torch tensors). Raises RuntimeError with the rank's traceback when a rank fails,
-    TimeoutError when the ranks do not finish within ``timeout_s``.
+    TimeoutError when the ranks do not finish within ``timeout_s``. ``daemon=False`` lets a rank start processes
+    of its own (Megatron's dist_checkpointing writer does); ranks still alive at the end are killed either way.
     """
     import torch.multiprocessing as mp
 
@@ -64,7 +66,7 @@ def spawn_ranks(fn: Callable, world: int, args: Sequence[Any] = (), *, timeout_s
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_rank_main, args=(r, world, init_file, fn, tuple(args), results), daemon=True)
+        procs = [ctx.Process(target=_rank_main, args=(r, world, init_file, fn, tuple(args), results), daemon=daemon)
                  for r in range(world)]
         for p in procs:
             p.start()

@@ -1,0 +1,59 @@
+"""Build the Megatron-Core DDP config and optimizer of a recipe's optimizer on the installed Megatron-Core.
+
+The one place the megatron backend turns our `MuonConfig` / `AdamWConfig` into Megatron objects outside Bridge (the
+NeMo 2 module, the CPU training tests, the GPU check in ``bench/gpu/``): the config goes through the tested
+mapping (`to_megatron_optimizer_config`), the stack rules refuse what the installed versions cannot build, and the
+builder is the one that API generation provides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_muon.config.optimizer import AdamWConfig, OptimizerConfig
+from nemo_muon.megatron.optimizer_config import API_016, to_megatron_optimizer_config
+from nemo_muon.megatron.stack import check_stack, installed_versions
+
+
+def ddp_config_kwargs(opt: OptimizerConfig, *, layerwise: bool = True) -> dict[str, Any]:
+    """`DistributedDataParallelConfig` kwargs: AdamW shards its state (ZeRO-1), Muon/SOAP own whole matrices."""
+    is_adam = isinstance(opt, AdamWConfig)
+    return {
+        "use_distributed_optimizer": is_adam,
+        "overlap_grad_reduce": False,
+        "overlap_param_gather": False,
+        "grad_reduce_in_fp32": False,
+        "check_for_nan_in_grad": getattr(opt, "nonfinite", "raise") == "raise",
+    }
+
+
+def build_megatron_optimizer(
+    opt: OptimizerConfig,
+    model_chunks: list[Any],
+    *,
+    grad_clip: float = 1.0,
+    bf16: bool = True,
+    layerwise: bool = True,
+    pg_collection: Any = None,
+) -> tuple[Any, Any]:
+    """(Megatron optimizer, its `OptimizerConfig`) for DDP-wrapped ``model_chunks``.
+
+    ``pg_collection`` (a `ProcessGroupCollection` with ``dp_cp`` and ``expt_dp`` set) is required by the layer-wise
+    optimizer of Megatron-Core >= 0.18 and passed explicitly; no process group is looked up here.
+    """
+    check_stack(opt.name, installed_versions(), where="the installed stack")
+    config, spec = to_megatron_optimizer_config(opt, grad_clip=grad_clip, bf16=bf16, layerwise=layerwise)
+    if spec.api == API_016 and spec.builder == "get_megatron_muon_optimizer":
+        from megatron.core.optimizer.muon import get_megatron_muon_optimizer
+
+        return get_megatron_muon_optimizer(config, model_chunks,
+                                           layer_wise_distributed_optimizer=spec.layer_wise), config
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    if spec.layer_wise:
+        if pg_collection is None:
+            raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
+                             "optimizer; got None")
+        return get_megatron_optimizer(config, model_chunks, pg_collection=pg_collection,
+                                      use_gloo_process_groups=False), config
+    return get_megatron_optimizer(config, model_chunks), config

@@ -1,0 +1,181 @@
+"""The test-only shims that let Megatron-Core's real training stack run on CPU ranks over gloo.
+
+Megatron-Core (0.16.x and 0.19.2) allocates on ``torch.cuda.current_device()``, waits on CUDA streams and
+whitelists ``torch.cuda.*`` tensor types (four shims, every version); 0.16 also has two import-time gaps when
+Transformer Engine is absent (two more, 0.16 only). Each shim answers exactly one of those as a CPU would, and
+records the Megatron call sites that hit it. `tests/megatron_cpu/test_shims.py` runs a training step without each shim (it
+must fail at a documented call site: the shim is still needed) and with all of them (they are still enough), so a
+Megatron-Core version bump that changes either is visible. RNG needs no shim:
+``model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)`` keeps the CUDA RNG tracker out.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Shim:
+    """One replaced CUDA call: what, where Megatron calls it, why."""
+
+    name: str
+    replaces: str
+    call_sites: tuple[str, ...]
+    """Megatron files (relative to site-packages) that must hit this shim in a training step on both versions."""
+    why: str
+    failure: str
+    """A regex of the error a training step raises without this shim."""
+    hits: collections.Counter = field(default_factory=collections.Counter)
+    """Call site 'megatron/...py:line (function)' -> count, filled while the shim is installed."""
+
+    def record(self) -> None:
+        self.hits[_megatron_caller()] += 1
+
+
+SHIMS: dict[str, Shim] = {s.name: s for s in (
+    Shim("current_device", "torch.cuda.current_device() -> 'cpu'",
+         ("megatron/core/distributed/param_and_grad_buffer.py",),
+         "buffers and scalars are allocated with device=torch.cuda.current_device(); without a driver this raises",
+         r"(?i)nvidia driver|cuda|not compiled"),
+    Shim("current_stream", "torch.cuda.current_stream() -> a no-op stream",
+         ("megatron/core/distributed/param_and_grad_buffer.py",),
+         "the DDP bucket group waits on torch.cuda.current_stream() before every gradient reduction",
+         r"(?i)nvidia driver|cuda|not compiled"),
+    Shim("cuda_device_to_cpu", "device='cuda' / .cuda() / .to('cuda') -> CPU (a TorchFunctionMode)",
+         ("megatron/core/optimizer/clip_grads.py",),
+         "optimizer, grad clipping and schedules build tensors with a hard-coded device='cuda'",
+         r"(?i)nvidia driver|cuda|not compiled"),
+    Shim("cuda_tensor_type", "Tensor.type() of a CPU tensor reports 'torch.cuda.<Type>' (same TorchFunctionMode)",
+         ("megatron/core/optimizer/distrib_optimizer.py",),
+         "DistributedOptimizer (and Float16OptimizerWithFloat16Params, optimizer.py, on the layer-wise path) accept "
+         "only torch.cuda.* parameter types",
+         r"(?i)wrapped parameters must be one of|torch\.cuda\.(Float|BFloat16|Half)Tensor"),
+    Shim("mla_have_te_flag", "multi_latent_attention.HAVE_TE -> False when its TELinear is not a class (0.16 only)",
+         ("megatron/core/transformer/multi_latent_attention.py",),
+         "0.16 sets HAVE_TE=True whenever megatron.core.extensions.transformer_engine imports, which it does "
+         "without TE (its TE names are MagicMock placeholders), then calls isinstance(linear_proj, TELinear) in "
+         "MLASelfAttention.__init__",
+         r"isinstance\(\) arg 2 must be a type"),
+    Shim("moe_te_general_gemm_name", "moe_utils.te_general_gemm defined as None where the module never defines it "
+         "(0.16 only)", ("megatron/core/transformer/moe/moe_utils.py",),
+         "0.16's RouterGatingLinearFunction.forward (moe_router_dtype='fp32', Kimi K2's router) reads the module "
+         "global te_general_gemm, which is only assigned when TE imports", r"name 'te_general_gemm' is not defined"),
+)}
+NEEDED_ON: dict[str, tuple[str, ...]] = {
+    "current_stream": ("0.19",),  # 0.16's bucket group does not wait on the current stream
+    "mla_have_te_flag": ("0.16",),
+    "moe_te_general_gemm_name": ("0.16",),
+}
+"""Shims only some Megatron-Core minor versions need; the others are needed on every supported version."""
+
+
+def needed_on(name: str, mcore_version: str) -> bool:
+    """Whether shim ``name`` is needed on Megatron-Core ``mcore_version`` ('0.16.0', '0.19.2')."""
+    minor = ".".join(mcore_version.split(".")[:2])
+    return name not in NEEDED_ON or minor in NEEDED_ON[name]
+
+
+def _megatron_caller() -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "megatron" + os.sep in name and os.sep + "tests" + os.sep not in name:
+            rel = name.split("site-packages" + os.sep, 1)[-1]
+            return f"{rel}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return "?"
+
+
+class _NoOpStream:
+    """Stands in for a CUDA stream: CPU work is already ordered."""
+
+    def wait_stream(self, *args: object, **kwargs: object) -> None: ...
+
+    def wait_event(self, *args: object, **kwargs: object) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    def record_event(self, event: object = None) -> object:
+        return event
+
+
+def _is_cuda(device: object) -> bool:
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+def _device_mode(rewrite_device: bool, report_cuda_type: bool) -> torch.overrides.TorchFunctionMode:
+    dev, typ = SHIMS["cuda_device_to_cpu"], SHIMS["cuda_tensor_type"]
+
+    class CudaToCpu(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func: Callable, types: Iterable, args: tuple = (), kwargs: dict | None = None):
+            kwargs = kwargs or {}
+            if rewrite_device:
+                if func is torch.Tensor.cuda:
+                    dev.record()
+                    return args[0]
+                if _is_cuda(kwargs.get("device")):
+                    dev.record()
+                    kwargs = {**kwargs, "device": "cpu"}
+                if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+                    dev.record()
+                    args = (args[0], "cpu", *args[2:])
+            if report_cuda_type and func is torch.Tensor.type and len(args) == 1 and not kwargs:
+                name = func(*args)
+                if name.startswith("torch.") and not name.startswith("torch.cuda."):
+                    typ.record()
+                    return "torch.cuda." + name[len("torch."):]
+                return name
+            return func(*args, **kwargs)
+
+    return CudaToCpu()
+
+
+def install(without: Iterable[str] = ()) -> list[Shim]:
+    """Install every shim except those named in ``without`` (in this process, for good); return those installed."""
+    skip = set(without)
+    unknown = skip - set(SHIMS)
+    if unknown:
+        raise ValueError(f"without must name shims of {tuple(SHIMS)}; got {sorted(unknown)}")
+    if "current_device" not in skip:
+        def current_device() -> str:
+            SHIMS["current_device"].record()
+            return "cpu"
+
+        torch.cuda.current_device = current_device
+    if "current_stream" not in skip:
+        stream = _NoOpStream()
+
+        def current_stream(*args: object, **kwargs: object) -> _NoOpStream:
+            SHIMS["current_stream"].record()
+            return stream
+
+        torch.cuda.current_stream = current_stream
+    if "mla_have_te_flag" not in skip:
+        import megatron.core.transformer.multi_latent_attention as mla
+
+        if mla.HAVE_TE and not isinstance(mla.TELinear, type):
+            mla.HAVE_TE = False
+            SHIMS["mla_have_te_flag"].hits["megatron/core/transformer/multi_latent_attention.py:184 (__init__)"] += 1
+    if "moe_te_general_gemm_name" not in skip:
+        from megatron.core.transformer.moe import moe_utils
+
+        if not hasattr(moe_utils, "te_general_gemm"):
+            moe_utils.te_general_gemm = None
+            SHIMS["moe_te_general_gemm_name"].hits["megatron/core/transformer/moe/moe_utils.py:1192 (forward)"] += 1
+    rewrite, report = "cuda_device_to_cpu" not in skip, "cuda_tensor_type" not in skip
+    if rewrite or report:
+        _device_mode(rewrite, report).__enter__()  # for the life of the rank process
+    return [s for n, s in SHIMS.items() if n not in skip]
+
+
+def hits_by_file() -> dict[str, set[str]]:
+    """Shim name -> the Megatron files that hit it so far."""
+    return {n: {site.split(":", 1)[0] for site in s.hits} for n, s in SHIMS.items()}

@@ -1,0 +1,162 @@
+"""Tiny Kimi-K2-family and Qwen3-MoE models trained through Megatron-Core's real stack on CPU gloo ranks.
+
+What runs is Megatron's: `GPTModel` (local spec: no Transformer Engine) built from the architecture fields of the
+full recipes (`nemo_muon.megatron.model_config`, checked against Bridge's providers), `Float16Module`,
+`DistributedDataParallel`, the optimizer our mapping builds (`nemo_muon.megatron.build`: distributed Adam, or the
+layer-wise Muon) and `forward_backward_no_pipelining` with `finalize_model_grads`.
+What is ours: the four shims (`shims.py`), MLA's core attention (`mla_attention.py`: the local spec has none that
+takes separate key/value head sizes), the CPU kernel choices below (no fused kernels without TE/Apex, the
+allgather dispatcher, no grouped GEMM), and a deterministic synthetic batch per (step, DP rank).
+`train_tiny` runs on every rank under `nemo_muon.train.spawn.spawn_ranks`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+SEQ, MICRO_BATCH, SEED = 32, 4, 1234
+LR = 1e-2
+CPU_KERNEL_FIELDS: dict[str, Any] = {
+    # fused kernels need Transformer Engine / Apex (absent on CPU): Megatron's unfused paths instead
+    "bias_activation_fusion": False, "bias_dropout_fusion": False, "masked_softmax_fusion": False,
+    "gradient_accumulation_fusion": False, "apply_rope_fusion": False, "persist_layer_norm": False,
+    "cross_entropy_loss_fusion": False, "moe_permute_fusion": False, "moe_router_fusion": False,
+    # the flex / alltoall dispatchers need CUDA streams and DeepEP/HybridEP; allgather is exact at EP=1
+    "moe_token_dispatcher_type": "allgather", "moe_grouped_gemm": False,
+}
+
+
+def _model(spec_name: str):
+    import torch
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer import transformer_config as tc
+    from megatron.core.transformer.module import Float16Module
+
+    from nemo_muon.megatron.model_config import config_class, model_fields, transformer_config_fields
+    from nemo_muon.models.specs import get_model_spec
+    from tests.megatron_cpu.mla_attention import with_cpu_mla_attention
+
+    spec = get_model_spec(spec_name)
+    cls = getattr(tc, config_class(spec))
+    names = {f.name for f in dataclasses.fields(cls)}
+    arch = transformer_config_fields(spec)
+    config = cls(**{k: v for k, v in arch.items() if k in names}, **CPU_KERNEL_FIELDS, use_cpu_initialization=True,
+                 bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
+    gpt_args = {k: v for k, v in arch.items() if k not in names}  # e.g. rotary_base: a GPTModel argument
+    block_spec = with_cpu_mla_attention(get_gpt_decoder_block_spec(config, use_transformer_engine=False))
+    model = GPTModel(config=config, transformer_layer_spec=block_spec, max_sequence_length=SEQ, **model_fields(spec),
+                     **gpt_args)
+    return Float16Module(config, model), config, spec
+
+
+def _ddp(model, config, opt, layer_wise: bool):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from nemo_muon.megatron.build import ddp_config_kwargs
+
+    ddp_config = DistributedDataParallelConfig(**ddp_config_kwargs(opt))
+    try:  # Megatron-Core >= 0.18 ships the wiring that computes the layer-wise param layout
+        from megatron.training.training import wrap_model_chunks_with_ddp
+    except ImportError:  # 0.16: the wheel has no megatron.training
+        return DistributedDataParallel(config, ddp_config, model)
+    return wrap_model_chunks_with_ddp([model], config, ddp_config, use_layer_wise_distributed_optimizer=layer_wise)[0]
+
+
+def _pg_collection():
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    pgs = ProcessGroupCollection.use_mpu_process_groups()
+    pgs.dp_cp = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    pgs.expt_dp = parallel_state.get_expert_data_parallel_group()
+    return pgs
+
+
+def _batch(step: int, dp_rank: int, vocab: int):
+    """Tokens of one (step, DP rank): a fixed pool of 4 sequences per rank, cycled (so the loss can fall)."""
+    import torch
+
+    g = torch.Generator().manual_seed(SEED + 97 * dp_rank + step % 4)
+    tokens = torch.randint(0, vocab, (MICRO_BATCH, SEQ + 1), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def _optimizer_config(name: str):
+    from nemo_muon.config.optimizer import AdamWConfig, MuonConfig
+    from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
+
+    if name == "adamw":
+        return AdamWConfig(lr=LR, weight_decay=0.0)
+    return MuonConfig(lr=LR, weight_decay=0.0, **MEGATRON_MUON_DEFAULTS)
+
+
+def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str, steps: int,
+               without_shims: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Train ``steps`` steps of the tiny model ``spec_name`` with ``optimizer_name`` ('adamw' or 'muon')."""
+    import torch
+
+    from tests.megatron_cpu import shims
+
+    shims.install(without=without_shims)
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from nemo_muon.megatron.build import build_megatron_optimizer
+
+    parallel_state.initialize_model_parallel()
+    try:
+        model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
+        torch.manual_seed(SEED)
+        model, config, spec = _model(spec_name)
+        opt = _optimizer_config(optimizer_name)
+        layer_wise = optimizer_name != "adamw"
+        ddp_model = _ddp(model, config, opt, layer_wise)
+        ddp_model.broadcast_params()
+        optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection() if layer_wise
+                                                else None)
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = ddp_model.no_sync
+        fwd_bwd = get_forward_backward_func()
+        dp_rank = parallel_state.get_data_parallel_rank()
+        position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
+        mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
+        losses: list[float] = []
+        for step in range(steps):
+            input_ids, labels = _batch(step, dp_rank, spec.vocab_size)
+
+            def forward_step(data_iterator, m, input_ids=input_ids, labels=labels):
+                out = m(input_ids, position_ids, mask, labels=labels)
+
+                def loss_func(output_tensor):
+                    loss = output_tensor.float().mean()
+                    return loss, {"lm loss": loss.detach()}
+
+                return out, loss_func
+
+            ddp_model.zero_grad_buffer()
+            optimizer.zero_grad()
+            out = fwd_bwd(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
+                          num_microbatches=1, seq_length=SEQ, micro_batch_size=MICRO_BATCH, forward_only=False)
+            ok, _, _ = optimizer.step()
+            loss = out[0]["lm loss"].reshape(1)
+            dist.all_reduce(loss, group=group)
+            losses.append(float(loss) / world_size)
+            if not ok:
+                raise RuntimeError(f"optimizer step {step} was skipped")
+        flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
+        replicas = [torch.zeros_like(flat) for _ in range(world_size)]
+        dist.all_gather(replicas, flat, group=group)
+        return {
+            "losses": losses,
+            "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas),
+            "num_params": int(flat.numel()),
+            "optimizer": type(optimizer).__name__,
+            "shim_hits": {n: sorted(f) for n, f in shims.hits_by_file().items()},
+        }
+    finally:
+        parallel_state.destroy_model_parallel()
