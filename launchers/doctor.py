@@ -145,9 +145,24 @@ def evaluate(facts: Facts, release: Any, *, recipe_env: Mapping[str, str] | None
         checks.append(Check(name="gpus", status="warn", detail=f"no GPU ({why})",
                             fix="fine for plan/launch on a login node and the CPU recipes; training Megatron recipes "
                                 "needs GPU nodes"))
+    checks.extend(_stack_checks(facts))
     checks.append(_syrk_check(facts))
     checks.append(_env_check(facts, recipe_env))
     return checks
+
+
+def _stack_checks(facts: Facts) -> list[Check]:
+    """The known-broken version combinations (nemo_muon.megatron.stack) among the installed distributions."""
+    from nemo_muon.megatron.stack import stack_problems
+
+    problems = stack_problems(facts.distributions)
+    if not problems:
+        return [Check(name="stack", status="ok", detail="no known-broken Megatron-Core / emerging-optimizers / NeMo "
+                                                         "combination")]
+    return [Check(name=f"stack:{p.rule}", status="fail",
+                  detail=(f"{p.optimizer} cannot run" if p.optimizer else "cannot run") + f": {p.message}",
+                  fix=p.message.rsplit(": ", 1)[-1] if p.optimizer is None else "see detail")
+            for p in problems]
 
 
 def _syrk_check(facts: Facts) -> Check:

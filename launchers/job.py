@@ -166,6 +166,12 @@ def _resolve_recipe(opts: LaunchOptions, profile: ClusterProfile | None) -> tupl
         raise LaunchError(f"--recipe {opts.recipe} runs on system.gpu={recipe.system.gpu!r}, but cluster "
                           f"{profile.name!r} has system {profile.system!r}; pick a recipe for {profile.system}")
     _check_layout(opts.recipe, recipe)
+    from nemo_muon.megatron.stack import check_recipe_stack
+
+    try:
+        check_recipe_stack(recipe)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
     root = Path(recipe.logging.root).expanduser().absolute()
     if str(root) != recipe.logging.root:
         overrides.append(f"logging.root={root}")

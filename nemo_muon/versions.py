@@ -212,6 +212,47 @@ DEFAULT_RELEASE = "26.02"
 RELEASE_ENV_VAR = "NEMO_MUON_RELEASE"
 
 
+@dataclass(frozen=True)
+class StackRow:
+    """One line of the container-stack test environment's table: what the container has, what we install, why."""
+
+    distribution: str
+    container: str
+    ours: str | None
+    """The exact version in the lock file; None = not installed."""
+    why: str
+
+
+CONTAINER_STACK_RELEASE = "26.02"
+CONTAINER_STACK_LOCK = "requirements/container-stack-26.02.txt"
+CONTAINER_STACK: tuple[StackRow, ...] = (
+    StackRow("torch", "2.10 (NGC build, CUDA 13.0)", "2.10.0", "PyPI's build of the same release (CUDA 12.8 "
+             "wheels); runs on the CPU"),
+    StackRow("megatron-core", "0.16.0", "0.16.0", "same"),
+    StackRow("megatron-bridge", "0.3.0", "0.3.0", "same; installed without its GPU-only dependencies"),
+    StackRow("nemo-toolkit", "2.7.0", "2.7.0", "same (with what its LLM collection imports)"),
+    StackRow("nemo-run", "0.8.0", "0.8.0", "same"),
+    StackRow("numpy", "< 2", "1.26.4", "the last 1.x on PyPI for Python 3.12"),
+    StackRow("transformers", "4.57 (NeMo 2.7's ~=4.57.0)", "4.57.6", "newest 4.57"),
+    StackRow("emerging-optimizers", "not documented", "0.3.0", "the only release on PyPI; Megatron-Core 0.16's "
+             "Muon cannot use it (nemo_muon.megatron.stack refuses that combination)"),
+    StackRow("transformer-engine", "2.12", None, "no CPU build: tests answer Bridge's two unguarded imports with "
+             "tests/megatron_cpu/te_stub.py and use Megatron's local (no-TE) layer spec"),
+    StackRow("apex, mamba-ssm, causal-conv1d, flash-linear-attention, nvidia-resiliency-ext, timm, open-clip-torch, "
+             "mlflow, qwen-vl-utils", "in the container", None, "GPU-only builds or not imported by the configs, "
+             "the recipes or the local spec (megatron-bridge is installed --no-deps)"),
+)
+"""The container-stack test environment (``make test`` builds it as .venv-ngc from :data:`CONTAINER_STACK_LOCK`)."""
+
+
+def container_stack_markdown() -> str:
+    """The table of docs/container_stack.md (a test keeps the two equal and the lock file in agreement)."""
+    lines = [f"| distribution | nemo:{CONTAINER_STACK_RELEASE} | container-stack env | why |", "|---|---|---|---|"]
+    for row in CONTAINER_STACK:
+        lines.append(f"| {row.distribution} | {row.container} | {row.ours or 'not installed'} | {row.why} |")
+    return "\n".join(lines) + "\n"
+
+
 def list_releases() -> list[str]:
     """Every known release tag, oldest first."""
     return list(CONTAINER_RELEASES)

@@ -19,9 +19,13 @@ from nemo_muon.config.recipe import TrainingRecipe
 
 
 def build_recipe(name: str, overrides: Sequence[str] = ()) -> TrainingRecipe:
-    """The registered recipe ``name`` with ``overrides`` (``a.b=value`` strings) applied, validated, layout checked."""
+    """The registered recipe ``name`` with ``overrides`` (``a.b=value`` strings) applied, validated, layout and
+    optimizer stack checked (`nemo_muon.megatron.stack.check_recipe_stack`)."""
+    from nemo_muon.megatron.stack import check_recipe_stack
+
     recipe = apply_overrides(get_recipe(name), list(overrides))
     check_layout(recipe)
+    check_recipe_stack(recipe)
     return recipe
 
 

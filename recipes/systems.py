@@ -37,8 +37,9 @@ OPTIMIZERS: tuple[str, ...] = ("muon", "adamw", "soap")
 BENCHMARK_STEPS = 50
 BENCHMARK_WARMUP_STEPS = 10
 BRIDGE_MIN_LR_RATIO = 0.1
-BRIDGE_ADAM_EPS = 1e-5
-"""`distributed_fused_adam_with_cosine_annealing(adam_eps=1e-5)`; weight decay stays ours (Bridge pins 0.033)."""
+BRIDGE_ADAM_EPS: dict[str, float] = {"kimi_k2": 1e-8, "qwen3_30b_a3b": 1e-5}
+"""`distributed_fused_adam_with_cosine_annealing`'s adam_eps at the ref each preset comes from: 1e-8 at r0.3.1 (Kimi
+K2), 1e-5 at r0.3.0 (Qwen3-30B-A3B); weight decay stays ours (Bridge pins 0.033)."""
 BRIDGE_MUON_NS_PRECISION = "bf16"
 """Bridge's `muon_fp32_matmul_prec="medium"` (bf16 matmuls inside NS) for GPU speed."""
 
@@ -106,7 +107,7 @@ def perf_layout(model: str, gpu: str) -> BridgePerfLayout:
     return BRIDGE_PERF_LAYOUTS[(model, gpu)]
 
 
-def bridge_optimizer(optimizer: str) -> OptimizerConfig:
+def bridge_optimizer(optimizer: str, model: str) -> OptimizerConfig:
     """The optimizer section of a perf recipe: Bridge's settings, with our fixes (momentum 0.95, TP mode
     duplicated, weight decay as set)."""
     check_choice("optimizer", optimizer, OPTIMIZERS)
@@ -115,7 +116,7 @@ def bridge_optimizer(optimizer: str) -> OptimizerConfig:
     if optimizer == "muon":
         return MuonConfig(ns_precision=BRIDGE_MUON_NS_PRECISION, **MEGATRON_MUON_DEFAULTS)
     if optimizer == "adamw":
-        return AdamWConfig(eps=BRIDGE_ADAM_EPS)
+        return AdamWConfig(eps=BRIDGE_ADAM_EPS[model])
     return SoapConfig(nonfinite="raise")
 
 
@@ -151,7 +152,7 @@ def bridge_perf_recipe(
     recipe = TrainingRecipe(
         name=name,
         model=model,
-        optimizer=bridge_optimizer(optimizer),
+        optimizer=bridge_optimizer(optimizer, model.name),
         parallelism=ParallelismConfig(tp=row.tp, pp=row.pp, vp=row.vp, cp=row.cp, ep=row.ep, etp=row.etp,
                                       sequence_parallel=row.tp > 1),
         system=SystemConfig(gpu=gpu, num_nodes=gpus // per_node, gpus_per_node=per_node),

@@ -183,3 +183,12 @@ def test_every_megatron_recipe_is_its_systems_bridge_preset():
         assert (r.world_size, r.trainer.global_batch_size, r.trainer.micro_batch_size, r.trainer.seq_length) == (
             row.num_gpus, row.global_batch_size, row.micro_batch_size, row.seq_length), r.name
         assert r.precision.kind != "mxfp8" or r.system.gpu != "h100", r.name  # Hopper has no MXFP8
+
+
+def test_recipes_doc_lists_the_deliberate_differences_from_bridge():
+    from pathlib import Path
+
+    from nemo_muon.megatron.bridge import deliberate_differences_markdown
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "recipes.md").read_text()
+    assert deliberate_differences_markdown() in doc

@@ -148,3 +148,48 @@ def test_cli_rejects_unknown_release_and_bad_usage():
     assert r.returncode == 2 and "container release must be one of" in r.stderr and "'99.99'" in r.stderr
     assert _cli("frobnicate").returncode == 2
     assert _cli("show", "26.02", "--yaml").returncode == 2
+
+
+# ---------------------------------------------------------------- the container-stack test environment
+
+def _lock_pins() -> dict[str, str]:
+    from pathlib import Path
+
+    from nemo_muon.versions import CONTAINER_STACK_LOCK, normalize_name
+
+    pins = {}
+    for line in (Path(__file__).resolve().parent.parent / CONTAINER_STACK_LOCK).read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[normalize_name(name)] = version.strip()
+    return pins
+
+
+def test_container_stack_table_agrees_with_the_lock_file():
+    from nemo_muon.versions import CONTAINER_STACK, normalize_name
+
+    pins = _lock_pins()
+    for row in CONTAINER_STACK:
+        for dist in (normalize_name(d.strip()) for d in row.distribution.split(",")):
+            if row.ours is None:
+                assert dist not in pins, f"{dist} is documented as not installed but the lock pins {pins[dist]}"
+            else:
+                assert pins.get(dist) == row.ours, f"{dist}: table says {row.ours}, lock pins {pins.get(dist)}"
+
+
+def test_container_stack_matches_the_release_where_it_says_same():
+    from nemo_muon.versions import CONTAINER_STACK, CONTAINER_STACK_RELEASE, get_release
+
+    documented = get_release(CONTAINER_STACK_RELEASE).expected_distributions()
+    for row in CONTAINER_STACK:
+        if row.why.startswith("same"):
+            assert documented[row.distribution] == row.ours == row.container
+
+
+def test_container_stack_doc_embeds_the_table():
+    from pathlib import Path
+
+    from nemo_muon.versions import container_stack_markdown
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "container_stack.md").read_text()
+    assert container_stack_markdown() in doc

@@ -195,6 +195,13 @@ DELIBERATE_DIFFERENCES: tuple[DeliberateDifference, ...] = (
 )
 
 
+def deliberate_differences_markdown() -> str:
+    """The table of docs/recipes.md: every field where a perf recipe differs from Bridge's perf scripts on purpose."""
+    lines = ["| field | Bridge's perf scripts | ours | why |", "|---|---|---|---|"]
+    lines += [f"| `{d.field}` | {d.bridge} | {d.ours} | {d.why} |" for d in DELIBERATE_DIFFERENCES]
+    return "\n".join(lines) + "\n"
+
+
 def _perf_model_fields(recipe: TrainingRecipe, knobs: Any) -> dict[str, dict[str, Any]]:
     """What Bridge's perf scripts set for this (model, gpu) preset, section by section."""
     out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in BRIDGE_PERF_COMMON_FIELDS.items()}

@@ -106,3 +106,21 @@ def check_stack(optimizer: str, versions: Mapping[str, str | None], *, where: st
 def check_installed_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept import-free)
     """Refuse a megatron-backend recipe whose optimizer the installed Megatron-Core stack cannot build."""
     check_stack(recipe.optimizer.name, installed_versions(), where="the installed stack")
+
+
+def check_recipe_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept import-free)
+    """Before launch (``--dryrun`` too): refuse a megatron recipe whose optimizer its stack cannot build.
+
+    The stack is the installed one where Megatron-Core is installed (the container, a login node with it), else
+    the container release the job will run in (``$NEMO_MUON_RELEASE`` or the default, with what our image adds).
+    """
+    if recipe.backend != "megatron":
+        return
+    versions = installed_versions()
+    if versions[MCORE] is not None:
+        check_stack(recipe.optimizer.name, versions, where="the installed stack")
+        return
+    from nemo_muon.versions import current_release
+
+    tag = current_release().tag
+    check_stack(recipe.optimizer.name, release_versions(tag), where=f"the nemo:{tag} container stack")

@@ -1,0 +1,59 @@
+"""On NGC 26.02's stack (Megatron-Core 0.16 + emerging-optimizers 0.3.0) Muon and SOAP megatron recipes are refused
+before launch by every entry point, with the same message; the architecture mapping equals Bridge's providers."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_muon.megatron.model_config import transformer_config_fields
+from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
+
+NEMO_MUON = str(Path(sys.executable).parent / "nemo-muon")
+
+
+def test_doctor_fails_on_the_broken_combination():
+    out = subprocess.run([NEMO_MUON, "doctor"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 1
+    assert "stack:mcore016-muon-emerging-optimizers" in out.stdout and "use_nesterov" in out.stdout
+
+
+@pytest.mark.parametrize("name, ok", [("kimi_k2_muon", False), ("qwen3_30b_a3b_soap", False),
+                                      ("kimi_k2_adamw", True)])
+def test_dry_run_refuses_what_the_stack_cannot_build(name, ok):
+    from nemo_muon.recipes.execute import build_recipe
+
+    if ok:
+        assert build_recipe(name).optimizer.name == "adamw"
+    else:
+        with pytest.raises(ValueError, match="cannot run on the installed stack"):
+            build_recipe(name)
+
+
+def test_launch_dry_run_refuses_it_too():
+    out = subprocess.run([NEMO_MUON, "launch", "--recipe", "kimi_k2_muon", "--executor", "slurm", "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "cannot run on the installed stack" in out.stderr + out.stdout
+
+
+@pytest.mark.parametrize("spec, provider", [(KIMI_K2, "kimi"), (QWEN3_30B_A3B, "qwen")])
+def test_architecture_fields_equal_bridges_model_providers(spec, provider, bridge):
+    if provider == "kimi":
+        from megatron.bridge.models.kimi.kimi_provider import KimiK2Provider
+
+        prov = KimiK2Provider()
+    else:
+        from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+
+        prov = AutoBridge.from_hf_pretrained("Qwen/Qwen3-30B-A3B").to_megatron_provider(load_weights=False)
+    names = {f.name for f in dataclasses.fields(prov)}
+    ours = transformer_config_fields(spec)
+    assert set(ours) <= names, f"fields Bridge's provider lacks: {set(ours) - names}"
+    differ = {k: (v, getattr(prov, k)) for k, v in ours.items() if getattr(prov, k) != v}
+    assert not differ, f"ours vs Bridge {type(prov).__name__}: {differ}"
+    assert prov.vocab_size == spec.vocab_size
