@@ -64,10 +64,17 @@ def _facts(**kw) -> Facts:
     return Facts(**base)
 
 
-def test_container_like_facts_are_all_ok() -> None:
+def test_container_like_facts_fail_only_on_the_known_broken_optimizer_stack() -> None:
+    """NGC 26.02's Megatron-Core 0.16 with emerging-optimizers 0.3.0: Muon cannot be built, SOAP does not exist."""
     checks = evaluate(_facts(), get_release("26.02"))
-    assert {c.name: c.status for c in checks if c.status != "ok"} == {}
+    assert {c.name: c.status for c in checks if c.status != "ok"} == {
+        "stack:mcore016-muon-emerging-optimizers": "fail", "stack:mcore-soap": "fail"}
+    muon = next(c for c in checks if c.name == "stack:mcore016-muon-emerging-optimizers")
+    assert "use_nesterov" in muon.detail and "emerging-optimizers" in muon.detail
     assert next(c for c in checks if c.name == "gpus").detail == "4 x NVIDIA GB300"
+    facts = _facts()
+    facts.distributions["megatron-core"] = "0.19.2"
+    assert all(c.status == "ok" for c in evaluate(facts, get_release("26.06")) if c.name.startswith("stack"))
 
 
 def test_old_python_missing_torch_and_unsupported_syrk_gpu_are_flagged() -> None:
