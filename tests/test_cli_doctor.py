@@ -73,7 +73,7 @@ def test_container_like_facts_fail_only_on_the_known_broken_optimizer_stack() ->
     assert "use_nesterov" in muon.detail and "emerging-optimizers" in muon.detail
     assert next(c for c in checks if c.name == "gpus").detail == "4 x NVIDIA GB300"
     facts = _facts()
-    facts.distributions["megatron-core"] = "0.19.2"
+    facts.distributions["megatron-core"], facts.distributions["nemo-toolkit"] = "0.19.2", None  # NGC 26.06: no NeMo 2.7
     assert all(c.status == "ok" for c in evaluate(facts, get_release("26.06")) if c.name.startswith("stack"))
 
 
