@@ -72,7 +72,7 @@ def _image_default_env() -> dict[str, str]:
 
 
 def _dockerfiles() -> list[Path]:
-    found = [p for p in ROOT.rglob("*Dockerfile*") if ".venv" not in p.parts and ".git" not in p.parts]
+    found = [p for p in ROOT.rglob("*Dockerfile*") if not any(part.startswith(".venv") or part == ".git" for part in p.parts)]
     return sorted(p for p in found if p.is_file() and p.name != ".dockerignore")
 
 
