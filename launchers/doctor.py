@@ -160,8 +160,7 @@ def _stack_checks(facts: Facts) -> list[Check]:
         return [Check(name="stack", status="ok", detail="no known-broken Megatron-Core / emerging-optimizers / NeMo "
                                                          "combination")]
     return [Check(name=f"stack:{p.rule}", status="fail",
-                  detail=(f"{p.optimizer} cannot run" if p.optimizer else "cannot run") + f": {p.message}",
-                  fix=p.message.rsplit(": ", 1)[-1] if p.optimizer is None else "see detail")
+                  detail=(f"{p.optimizer} cannot run: " if p.optimizer else "") + p.message, fix=p.fix)
             for p in problems]
 
 

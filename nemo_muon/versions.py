@@ -67,7 +67,8 @@ def parse_pin(requirement: str) -> tuple[str, str]:
     return normalize_name(m.group(1)), m.group(3)
 
 
-def _release_numbers(version: str) -> tuple[int, ...]:
+def release_numbers(version: str) -> tuple[int, ...]:
+    """The leading release numbers of a version string (``"0.16.0rc0+abc"`` -> ``(0, 16, 0)``); raises on others."""
     m = re.match(r"^v?(\d+(?:\.\d+)*)", version.strip())
     if not m:
         raise fail("version", version, "a version starting with digits, e.g. '0.16.0' or '2.10.0a0+git'")
@@ -80,7 +81,7 @@ def version_matches(expected: str, installed: str) -> bool:
     ``expected`` may be shorter (``"2.12"`` matches ``"2.12.0"``); pre-release and local suffixes of the
     installed version are tolerated (NGC builds report e.g. ``"2.10.0a0+3a5e"`` or ``"0.16.0rc0"``).
     """
-    want, have = _release_numbers(expected), _release_numbers(installed)
+    want, have = release_numbers(expected), release_numbers(installed)
     return have[: len(want)] == want
 
 

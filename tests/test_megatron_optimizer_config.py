@@ -1,18 +1,7 @@
-"""Our optimizer configs -> real megatron.core OptimizerConfig objects: 0.19.2 (installed) and 0.16.1 (NGC 26.02).
-
-0.16.1 is installed with `pip install --no-deps --target` into a cache dir once and checked in a subprocess with
-that dir first on sys.path (its OptimizerConfig imports on CPU with the venv's torch).
-"""
+"""Our optimizer configs -> real megatron.core OptimizerConfig objects of the installed 0.19.2 (the 0.16.0 of NGC
+26.02 is checked in the container-stack environment: tests/container_stack/test_optimizer_config_016.py)."""
 
 from __future__ import annotations
-
-import functools
-import json
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 from megatron.core.optimizer import OptimizerConfig as MCoreOptimizerConfig
@@ -26,35 +15,8 @@ from nemo_muon.megatron.optimizer_config import (
     to_megatron_optimizer_config,
 )
 
-MCORE_016 = "0.16.1"
 MEGATRON_MUON = MEGATRON_MUON_DEFAULTS
 """What the megatron backend's Muon recipes set (Megatron cannot split gate/up or skip non-finite steps)."""
-
-
-def install_no_deps(requirement: str) -> Path:
-    """`pip install --no-deps --target` into a per-machine cache (reused across test files and runs)."""
-    root = Path(tempfile.gettempdir()) / "nemo_muon_test_cache" / requirement.replace("==", "-")
-    if (root / ".complete").exists():
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="staging-", dir=root.parent))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(staging), requirement],
-                   check=True, timeout=300)
-    (staging / ".complete").touch()
-    try:
-        staging.rename(root)
-    except OSError:  # another process finished first
-        pass
-    return root
-
-
-def run_with_path(first_on_path: Path, code: str) -> dict:
-    """Run ``code`` (which prints one JSON object last) with ``first_on_path`` ahead of site-packages."""
-    env = {**os.environ, "PYTHONPATH": str(first_on_path), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------- megatron-core 0.19.2 (installed)
@@ -116,56 +78,6 @@ def test_soap_precondition_frequency_refused_where_installed_soap_ignores_it():
 def test_unhonourable_settings_are_refused(opt, match):
     with pytest.raises(ValueError, match=match):
         to_megatron_optimizer_config(opt)
-
-
-# ---------------------------------------------------------------- megatron-core 0.16.1 (NGC 26.02)
-
-_CHECK_016 = """
-import dataclasses, json
-import megatron.core
-from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
-from megatron.core.distributed import DistributedDataParallelConfig
-from megatron.core.optimizer import OptimizerConfig
-from megatron.core.transformer.transformer_config import TransformerConfig
-from nemo_muon.config.optimizer import MuonConfig, SoapConfig
-from nemo_muon.megatron.optimizer_config import megatron_optimizer_spec
-fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
-spec = megatron_optimizer_spec(MuonConfig(weight_decay=0.1, split_gate_up=False, nonfinite="raise"), fields=fields)
-cfg = OptimizerConfig(**spec.kwargs)
-errors = {}
-for name, opt in {"soap": SoapConfig(nonfinite="raise"),
-                  "polar": MuonConfig(coefficients="polar_express", split_gate_up=False, nonfinite="raise")}.items():
-    try:
-        megatron_optimizer_spec(opt, fields=fields)
-    except ValueError as e:
-        errors[name] = str(e)
-print(json.dumps({"version": megatron.core.__version__, "api": spec.api, "builder": spec.builder,
-                  "bridge": spec.bridge_optimizer, "optimizer": cfg.optimizer,
-                  "use_distributed_optimizer": cfg.use_distributed_optimizer,
-                  "momentum": cfg.muon_momentum, "nesterov": cfg.muon_use_nesterov,
-                  "default_nesterov": OptimizerConfig().muon_use_nesterov, "tp_mode": cfg.muon_tp_mode,
-                  "weight_decay": cfg.weight_decay, "errors": errors,
-                  "fields": {c.__name__: [f.name for f in dataclasses.fields(c)] for c in
-                             (TransformerConfig, DistributedDataParallelConfig, GPTDatasetConfig, OptimizerConfig)}}))
-"""
-
-
-@functools.cache
-def mcore016_report() -> dict:
-    """One subprocess with megatron-core 0.16.1 first on sys.path: our 0.16 mapping and its dataclass fields."""
-    return run_with_path(install_no_deps(f"megatron-core=={MCORE_016}"), _CHECK_016)
-
-
-def test_muon_maps_to_real_016_config():
-    result = mcore016_report()
-    assert result["version"] == MCORE_016
-    assert (result["api"], result["builder"], result["bridge"]) == ("0.16", "get_megatron_muon_optimizer", "dist_muon")
-    assert (result["optimizer"], result["use_distributed_optimizer"]) == ("dist_muon", False)
-    # 0.16's field default for Nesterov is False; we always write it
-    assert result["default_nesterov"] is False and result["nesterov"] is True
-    assert (result["momentum"], result["tp_mode"], result["weight_decay"]) == (0.95, "duplicated", 0.1)
-    assert "SOAP needs megatron-core >= 0.18" in result["errors"]["soap"]
-    assert "muon.coefficients='polar_express'" in result["errors"]["polar"]
 
 
 # ---------------------------------------------------------------- NeMo 2 one-line switch

@@ -179,9 +179,6 @@ DELIBERATE_DIFFERENCES: tuple[DeliberateDifference, ...] = (
         "0.999 (Megatron-Core's default; Bridge's Muon helper does not set it)", "0.95",
         "the same betas as the AdamW baseline of the same model, so the comparison changes only the matrix updates"),
     DeliberateDifference(
-        "optimizer.muon_split_qkv", "True (Megatron-Core default)", "True", "no difference; stated because 0.16's "
-        "field default and ours are both written explicitly"),
-    DeliberateDifference(
         "model.moe_token_dispatcher_type / moe_flex_dispatcher_backend / moe_shared_expert_overlap",
         "'flex' / 'hybridep' / False, only if the GPU the config is built on passes apply_flex_dispatcher_backend's "
         "check", "'flex' / 'hybridep' / False, always",
@@ -320,7 +317,7 @@ def build_config_container(recipe: TrainingRecipe) -> Any:
     from nemo_muon.megatron.stack import check_installed_stack
 
     recipe.validate()
-    check_installed_stack(recipe)
+    check_installed_stack(recipe.optimizer.name)
     return config_container(recipe)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from nemo_muon.config.optimizer import AdamWConfig, OptimizerConfig
 from nemo_muon.megatron.optimizer_config import API_016, to_megatron_optimizer_config
-from nemo_muon.megatron.stack import check_stack, installed_versions
+from nemo_muon.megatron.stack import check_installed_stack
 
 
 def ddp_config_kwargs(opt: OptimizerConfig, *, layerwise: bool = True) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def build_megatron_optimizer(
     ``pg_collection`` (a `ProcessGroupCollection` with ``dp_cp`` and ``expt_dp`` set) is required by the layer-wise
     optimizer of Megatron-Core >= 0.18 and passed explicitly; no process group is looked up here.
     """
-    check_stack(opt.name, installed_versions(), where="the installed stack")
+    check_installed_stack(opt.name)
     config, spec = to_megatron_optimizer_config(opt, grad_clip=grad_clip, bf16=bf16, layerwise=layerwise)
     if spec.api == API_016 and spec.builder == "get_megatron_muon_optimizer":
         from megatron.core.optimizer.muon import get_megatron_muon_optimizer

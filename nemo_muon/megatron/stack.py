@@ -1,17 +1,18 @@
 """Which Megatron-Core / emerging-optimizers / NeMo combinations can run which optimizer, decided before launch.
 
 Each rule is a known break measured against the real libraries (docs/megatron_cpu.md): the check is a pure function
-of distribution versions, so `nemo-muon doctor` (installed versions), ``--dryrun`` (installed versions, else the
-container release's), the container build and `build_config_container` all give the same answer and the same
-message, which names the combination and what to install instead.
+of distribution versions, so `nemo-muon doctor` (installed versions), ``--dryrun`` and ``nemo-muon launch``
+(installed versions, else the container release's) and `build_config_container` / `build_megatron_optimizer` all
+give the same answer and the same message, which names the combination and which package to change.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from nemo_muon.versions import current_release, get_release, release_numbers
 
 MCORE = "megatron-core"
 EMERGING_OPTIMIZERS = "emerging-optimizers"
@@ -28,45 +29,41 @@ class StackProblem:
     optimizer: str | None
     """The optimizer it breaks ('muon', 'soap'); None = the combination breaks whatever the optimizer."""
     message: str
-    """What breaks, where, and what to install instead."""
-
-
-def _numbers(version: str | None) -> tuple[int, ...] | None:
-    if version is None:
-        return None
-    m = re.match(r"^v?(\d+(?:\.\d+)*)", version.strip())
-    return tuple(int(p) for p in m.group(1).split(".")) if m else None
+    """What breaks and where."""
+    fix: str
+    """Which package to change, to what."""
 
 
 def stack_problems(versions: Mapping[str, str | None]) -> list[StackProblem]:
     """Every known break in ``versions`` (distribution name -> version, None = not installed)."""
-    mcore, eo, nemo = (_numbers(versions.get(d)) for d in CHECKED_DISTRIBUTIONS)
+    mcore, eo, nemo = (None if versions.get(d) is None else release_numbers(versions[d])
+                       for d in CHECKED_DISTRIBUTIONS)
     problems: list[StackProblem] = []
+    eo_016 = "install the emerging-optimizers release Megatron-Core 0.16 documents (0.1.x, git tag v0.1.0)"
     if mcore is not None and mcore[:2] == (0, 16):
         if eo is not None and eo[:2] >= (0, 2):
             problems.append(StackProblem(
                 "mcore016-muon-emerging-optimizers", "muon",
-                f"megatron-core {versions[MCORE]} cannot build its Muon with emerging-optimizers {versions[EMERGING_OPTIMIZERS]}: "
-                "megatron/core/optimizer/muon.py passes use_nesterov= to OrthogonalizedOptimizer, whose keyword is "
-                "nesterov= since emerging-optimizers 0.2 (TypeError when the optimizer is built). "
-                "Install the emerging-optimizers Megatron-Core 0.16 documents (0.1.x, from its git tag v0.1.0), or "
-                "use a Megatron-Core >= 0.18 stack (NGC 26.06), or train with AdamW on this stack."))
+                f"megatron-core {versions[MCORE]} cannot build its Muon with emerging-optimizers "
+                f"{versions[EMERGING_OPTIMIZERS]}: megatron/core/optimizer/muon.py passes use_nesterov= to "
+                "OrthogonalizedOptimizer, whose keyword is nesterov= since emerging-optimizers 0.2 (TypeError when "
+                "the optimizer is built)",
+                f"{eo_016}, or use a Megatron-Core >= 0.18 stack (NGC 26.06), or train with AdamW on this stack"))
         if eo is None:
             problems.append(StackProblem(
                 "mcore016-muon-no-emerging-optimizers", "muon",
-                f"megatron-core {versions[MCORE]}'s Muon needs emerging-optimizers, which is not installed: install "
-                "the 0.1.x release Megatron-Core 0.16 documents (git tag v0.1.0)"))
+                f"megatron-core {versions[MCORE]}'s Muon needs emerging-optimizers, which is not installed", eo_016))
     if mcore is not None and mcore[:2] < (0, 18):
         problems.append(StackProblem(
             "mcore-soap", "soap",
-            f"megatron-core {versions[MCORE]} has no SOAP (OptimizerConfig(optimizer='soap') arrives in 0.18): "
+            f"megatron-core {versions[MCORE]} has no SOAP (OptimizerConfig(optimizer='soap') arrives in 0.18)",
             "use a Megatron-Core >= 0.18 stack (NGC 26.06), or the torch backend"))
     if nemo is not None and nemo[:2] == (2, 7) and mcore is not None and mcore[:2] >= (0, 19):
         problems.append(StackProblem(
             "nemo27-mcore019", None,
             f"nemo-toolkit {versions[NEMO]} does not run on megatron-core {versions[MCORE]} (measured with 2.7.3 and "
-            "0.19.2): NeMo 2.7 is built against Megatron-Core 0.16; install megatron-core 0.16.x beside NeMo 2.7 "
-            "(the NGC 26.02 stack)"))
+            "0.19.2): NeMo 2.7 is built against Megatron-Core 0.16",
+            "install megatron-core 0.16.x beside NeMo 2.7 (the NGC 26.02 stack)"))
     return problems
 
 
@@ -83,8 +80,6 @@ def installed_versions() -> dict[str, str | None]:
 
 def release_versions(tag: str) -> dict[str, str | None]:
     """The versions a container release runs with: its documented stack plus what our image adds if missing."""
-    from nemo_muon.versions import get_release
-
     rel = get_release(tag)
     documented = {**rel.expected_distributions(), **rel.extra_pins()}
     return {dist: documented.get(dist) for dist in CHECKED_DISTRIBUTIONS}
@@ -99,13 +94,13 @@ def check_stack(optimizer: str, versions: Mapping[str, str | None], *, where: st
     """Raise a ValueError naming every problem that stops ``optimizer`` on ``versions`` (``where`` says which stack)."""
     problems = problems_for_optimizer(optimizer, versions)
     if problems:
-        lines = "\n".join(f"  - [{p.rule}] {p.message}" for p in problems)
+        lines = "\n".join(f"  - [{p.rule}] {p.message}; fix: {p.fix}" for p in problems)
         raise ValueError(f"optimizer.name={optimizer!r} cannot run on {where}:\n{lines}")
 
 
-def check_installed_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept import-free)
-    """Refuse a megatron-backend recipe whose optimizer the installed Megatron-Core stack cannot build."""
-    check_stack(recipe.optimizer.name, installed_versions(), where="the installed stack")
+def check_installed_stack(optimizer: str) -> None:
+    """Refuse ``optimizer`` ('muon', 'soap', 'adamw') where the installed Megatron-Core stack cannot build it."""
+    check_stack(optimizer, installed_versions(), where="the installed stack")
 
 
 def check_recipe_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept import-free)
@@ -116,11 +111,8 @@ def check_recipe_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept
     """
     if recipe.backend != "megatron":
         return
-    versions = installed_versions()
-    if versions[MCORE] is not None:
-        check_stack(recipe.optimizer.name, versions, where="the installed stack")
+    if installed_versions()[MCORE] is not None:
+        check_installed_stack(recipe.optimizer.name)
         return
-    from nemo_muon.versions import current_release
-
     tag = current_release().tag
     check_stack(recipe.optimizer.name, release_versions(tag), where=f"the nemo:{tag} container stack")

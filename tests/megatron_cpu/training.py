@@ -155,7 +155,7 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             "losses": losses,
             "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas),
             "num_params": int(flat.numel()),
-            "optimizer": type(optimizer).__name__,
+            "optimizers": [type(o).__name__ for o in getattr(optimizer, "chained_optimizers", [optimizer])],
             "shim_hits": {n: sorted(f) for n, f in shims.hits_by_file().items()},
         }
     finally:

@@ -1,0 +1,29 @@
+"""Our optimizer configs -> the real `OptimizerConfig` of Megatron-Core 0.16.0 (NGC 26.02), imported directly."""
+
+from __future__ import annotations
+
+import megatron.core
+import pytest
+from megatron.core.optimizer import OptimizerConfig
+
+from nemo_muon.config.optimizer import MuonConfig, SoapConfig
+from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS, to_megatron_optimizer_config
+
+
+def test_muon_maps_to_real_016_config_with_traps_fixed():
+    assert megatron.core.__version__.startswith("0.16.")
+    cfg, spec = to_megatron_optimizer_config(MuonConfig(weight_decay=0.1, **MEGATRON_MUON_DEFAULTS))
+    assert isinstance(cfg, OptimizerConfig)
+    assert (spec.api, spec.builder, spec.bridge_optimizer) == ("0.16", "get_megatron_muon_optimizer", "dist_muon")
+    assert (cfg.optimizer, cfg.use_distributed_optimizer) == ("dist_muon", False)
+    assert OptimizerConfig().muon_use_nesterov is False and cfg.muon_use_nesterov is True  # 0.16's default trap
+    assert (cfg.muon_momentum, cfg.muon_tp_mode, cfg.weight_decay) == (0.95, "duplicated", 0.1)
+
+
+@pytest.mark.parametrize("opt, match", [
+    (SoapConfig(nonfinite="raise"), "SOAP needs megatron-core >= 0.18"),
+    (MuonConfig(coefficients="polar_express", **MEGATRON_MUON_DEFAULTS), "muon.coefficients='polar_express'"),
+])
+def test_what_016_cannot_honour_is_refused_naming_the_field(opt, match):
+    with pytest.raises(ValueError, match=match):
+        to_megatron_optimizer_config(opt)
