@@ -1,12 +1,14 @@
 """The test-only shims that let Megatron-Core's real training stack run on CPU ranks over gloo.
 
 Megatron-Core (0.16.x and 0.19.2) allocates on ``torch.cuda.current_device()``, waits on CUDA streams and
-whitelists ``torch.cuda.*`` tensor types (four shims, every version); 0.16 also has two import-time gaps when
-Transformer Engine is absent (two more, 0.16 only). Each shim answers exactly one of those as a CPU would, and
-records the Megatron call sites that hit it. `tests/megatron_cpu/test_shims.py` runs a training step without each shim (it
-must fail at a documented call site: the shim is still needed) and with all of them (they are still enough), so a
-Megatron-Core version bump that changes either is visible. RNG needs no shim:
-``model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)`` keeps the CUDA RNG tracker out.
+whitelists ``torch.cuda.*`` tensor types (four shims, every version); its checkpoints synchronize the device and,
+without Apex/TE, mishandle torch Adam's 'step' on load (two shims, checkpoints only); 0.16 also has two import-time
+gaps when Transformer Engine is absent (two more, 0.16 only). Each shim answers exactly one of those as a CPU (or
+TE's FusedAdam) would, and records the Megatron call sites that hit it. `tests/megatron_cpu/test_shims.py` runs
+without each shim (it must fail as documented: the shim is still needed) and with all of them (they are still
+enough, and each is hit at its documented call site), so a Megatron-Core version bump that changes either is
+visible. RNG needs no shim: ``model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)`` keeps the CUDA
+RNG tracker out.
 """
 
 from __future__ import annotations
@@ -56,6 +58,20 @@ SHIMS: dict[str, Shim] = {s.name: s for s in (
          "DistributedOptimizer (and Float16OptimizerWithFloat16Params, optimizer.py, on the layer-wise path) accept "
          "only torch.cuda.* parameter types",
          r"(?i)wrapped parameters must be one of|torch\.cuda\.(Float|BFloat16|Half)Tensor"),
+    Shim("cuda_synchronize", "torch.cuda.synchronize() -> no-op",
+         ("megatron/core/dist_checkpointing/strategies/filesystem_async.py",),
+         "dist_checkpointing's torch_dist writer synchronizes the device before copying tensors to the host "
+         "(checkpoint save only)", r"(?i)nvidia driver|cuda|not compiled"),
+    Shim("adam_step_for_load", "torch Adam's 'step' around a checkpoint load: 0 while state_dict() of a fresh optimizer "
+         "reads it, hidden while _set_main_param_and_optimizer_states copies the loaded tensors, one tensor per "
+         "state after load_state_dict",
+         ("megatron/core/optimizer/distrib_optimizer.py",),
+         "without Apex/TE, state_dict() reads every torch Adam state's 'step' and asserts there is exactly one value "
+         "(distrib_optimizer.py:839); loading a checkpoint into a fresh optimizer calls it before any step exists "
+         "(TE's FusedAdam reports None there); then load_state_dict puts the loaded step into every state, but the "
+         "per-parameter tensors read back carry none and the copy (line 1223) raises KeyError: 'step'; and that step "
+         "is one tensor shared by every state, which torch's Adam increments in place once per parameter",
+         r"AssertionError|KeyError: 'step'"),
     Shim("mla_have_te_flag", "multi_latent_attention.HAVE_TE -> False when its TELinear is not a class (0.16 only)",
          ("megatron/core/transformer/multi_latent_attention.py",),
          "0.16 sets HAVE_TE=True whenever megatron.core.extensions.transformer_engine imports, which it does "
@@ -67,6 +83,8 @@ SHIMS: dict[str, Shim] = {s.name: s for s in (
          "0.16's RouterGatingLinearFunction.forward (moe_router_dtype='fp32', Kimi K2's router) reads the module "
          "global te_general_gemm, which is only assigned when TE imports", r"name 'te_general_gemm' is not defined"),
 )}
+CHECKPOINT_ONLY: frozenset[str] = frozenset({"cuda_synchronize", "adam_step_for_load"})
+"""Shims only a checkpoint save (cuda_synchronize) or load (adam_step_for_load) reaches."""
 NEEDED_ON: dict[str, tuple[str, ...]] = {
     "current_stream": ("0.19",),  # 0.16's bucket group does not wait on the current stream
     "mla_have_te_flag": ("0.16",),
@@ -150,6 +168,59 @@ def install(without: Iterable[str] = ()) -> list[Shim]:
             return "cpu"
 
         torch.cuda.current_device = current_device
+    if "cuda_synchronize" not in skip:
+        def synchronize(*args: object, **kwargs: object) -> None:
+            SHIMS["cuda_synchronize"].record()
+
+        torch.cuda.synchronize = synchronize
+    if "adam_step_for_load" not in skip:
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        original_state_dict = DistributedOptimizer.state_dict
+
+        def state_dict(self):  # noqa: ANN001, ANN202 - Megatron's method
+            if self.optimizer.state:
+                return original_state_dict(self)
+            # a fresh optimizer: one placeholder state (a non-parameter key, dropped from what is returned) so the
+            # step extraction finds the value 0, as TE's FusedAdam would report no step
+            SHIMS["adam_step_for_load"].record()
+            self.optimizer.state["nemo_muon_fresh"] = {"step": torch.tensor(0.0)}
+            try:
+                return original_state_dict(self)
+            finally:
+                del self.optimizer.state["nemo_muon_fresh"]
+
+        original_set_states = DistributedOptimizer._set_main_param_and_optimizer_states
+
+        def set_states(self, model_param, tensors):  # noqa: ANN001, ANN202 - Megatron's method
+            # load_state_dict put the loaded 'step' into every torch Adam state, but the per-parameter tensors read
+            # back from the checkpoint carry none (load_parameter_state_from_fs_model_space skips it)
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            state = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]]
+            if "step" not in state or "step" in tensors:
+                return original_set_states(self, model_param, tensors)
+            SHIMS["adam_step_for_load"].record()
+            step = state.pop("step")
+            try:
+                return original_set_states(self, model_param, tensors)
+            finally:
+                state["step"] = step
+
+        original_load_state_dict = DistributedOptimizer.load_state_dict
+
+        def load_state_dict(self, state_dict):  # noqa: ANN001, ANN202 - Megatron's method
+            # it gives every torch Adam state the *same* step tensor, which torch's Adam then increments in place
+            # once per parameter: each state gets its own copy
+            result = original_load_state_dict(self, state_dict)
+            for state in self.optimizer.state.values():
+                if "step" in state:
+                    SHIMS["adam_step_for_load"].record()
+                    state["step"] = state["step"].clone()
+            return result
+
+        DistributedOptimizer.state_dict = state_dict
+        DistributedOptimizer.load_state_dict = load_state_dict
+        DistributedOptimizer._set_main_param_and_optimizer_states = set_states
     if "current_stream" not in skip:
         stream = _NoOpStream()
 

@@ -1,10 +1,12 @@
-"""Each harness shim is still needed (a training step without it fails as documented, at its call site) and the
-set is still enough (a step with all of them runs and hits each documented call site), on the Megatron-Core this
-interpreter has. A Megatron-Core bump that removes a need or adds one fails here."""
+"""Each harness shim is still needed (a run without it fails as documented) and the set is still enough (a run
+with all of them works and hits each documented call site), on the Megatron-Core this interpreter has. A
+Megatron-Core bump that removes a need or adds one fails here. Checkpoint-only shims are checked on a Megatron
+`dist_checkpointing` save + resume."""
 
 from __future__ import annotations
 
 import importlib.metadata
+from pathlib import Path
 
 import pytest
 
@@ -14,20 +16,36 @@ from tests.megatron_cpu.training import train_tiny
 
 MCORE = importlib.metadata.version("megatron-core")
 SPEC = "tiny_kimi_k2"  # MLA + MoE with a shared expert and a dense layer: every shim's call site is on its path
+NEEDED = sorted(n for n in shims.SHIMS if shims.needed_on(n, MCORE))
+
+
+def _save(ckpt: Path, without: tuple[str, ...] = ()) -> dict:
+    return run_distributed(train_tiny, world_size=2, args=(SPEC, "adamw", 1, without, str(ckpt), 1), timeout_s=240,
+                           daemon=False)[0]
+
+
+def _resume(ckpt: Path, without: tuple[str, ...] = ()) -> dict:
+    return run_distributed(train_tiny, world_size=2, args=(SPEC, "adamw", 1, without, str(ckpt), None, 1),
+                           timeout_s=240, daemon=False)[0]
 
 
 @pytest.fixture(scope="module")
-def with_all_shims() -> dict:
-    return run_distributed(train_tiny, world_size=2, args=(SPEC, "adamw", 1), timeout_s=240)[0]
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    return ckpt
 
 
-def test_all_shims_are_enough(with_all_shims):
-    assert len(with_all_shims["losses"]) == 1
+@pytest.fixture(scope="module")
+def hits_with_all_shims(checkpoint: Path) -> dict[str, set[str]]:
+    """Shim -> Megatron files that hit it over a step + save and a resume + step, every shim installed."""
+    saved, resumed = _save(checkpoint), _resume(checkpoint)
+    assert len(saved["losses"]) == len(resumed["losses"]) == 1  # the set is enough
+    return {n: set(saved["shim_hits"][n]) | set(resumed["shim_hits"][n]) for n in shims.SHIMS}
 
 
 @pytest.mark.parametrize("name", sorted(shims.SHIMS))
-def test_shim_is_hit_at_its_documented_call_sites_exactly_where_needed(name, with_all_shims):
-    hit_files = set(with_all_shims["shim_hits"][name])
+def test_shim_is_hit_at_its_documented_call_sites_exactly_where_needed(name, hits_with_all_shims):
+    hit_files = hits_with_all_shims[name]
     if shims.needed_on(name, MCORE):
         missing = set(shims.SHIMS[name].call_sites) - hit_files
         assert not missing, f"{name} no longer hit at {missing} on megatron-core {MCORE} (hit: {sorted(hit_files)})"
@@ -35,7 +53,15 @@ def test_shim_is_hit_at_its_documented_call_sites_exactly_where_needed(name, wit
         assert not hit_files, f"{name} is documented as not needed on megatron-core {MCORE} but was hit at {hit_files}"
 
 
-@pytest.mark.parametrize("name", sorted(n for n in shims.SHIMS if shims.needed_on(n, MCORE)))
-def test_shim_is_still_needed(name):
-    with pytest.raises(RuntimeError, match=shims.SHIMS[name].failure):
-        run_distributed(train_tiny, world_size=2, args=(SPEC, "adamw", 1, (name,)), timeout_s=240)
+@pytest.mark.parametrize("name", NEEDED)
+def test_shim_is_still_needed(name, checkpoint, hits_with_all_shims, tmp_path):
+    failure = shims.SHIMS[name].failure
+    if name not in shims.CHECKPOINT_ONLY:
+        with pytest.raises(RuntimeError, match=failure):
+            run_distributed(train_tiny, world_size=2, args=(SPEC, "adamw", 1, (name,)), timeout_s=240)
+    elif name == "adam_step_for_load":  # reached when loading the checkpoint the fixture saved
+        with pytest.raises(RuntimeError, match=failure):
+            _resume(checkpoint, without=(name,))
+    else:  # reached when saving
+        with pytest.raises(RuntimeError, match=failure):
+            _save(tmp_path, without=(name,))

@@ -3,7 +3,7 @@
 What runs is Megatron's: `GPTModel` (local spec: no Transformer Engine) built from the architecture fields of the
 full recipes (`nemo_muon.megatron.model_config`, checked against Bridge's providers), `Float16Module`,
 `DistributedDataParallel`, the optimizer our mapping builds (`nemo_muon.megatron.build`: distributed Adam, or the
-layer-wise Muon) and `forward_backward_no_pipelining` with `finalize_model_grads`.
+layer-wise Muon), `forward_backward_no_pipelining` with `finalize_model_grads`, and `dist_checkpointing` save / load.
 What is ours: the four shims (`shims.py`), MLA's core attention (`mla_attention.py`: the local spec has none that
 takes separate key/value head sizes), the CPU kernel choices below (no fused kernels without TE/Apex, the
 allgather dispatcher, no grouped GEMM), and a deterministic synthetic batch per (step, DP rank).
@@ -65,7 +65,7 @@ def _ddp(model, config, opt, layer_wise: bool):
 
 
 def _pg_collection():
-    from megatron.core import parallel_state
+    from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     pgs = ProcessGroupCollection.use_mpu_process_groups()
@@ -92,16 +92,31 @@ def _optimizer_config(name: str):
     return MuonConfig(lr=LR, weight_decay=0.0, **MEGATRON_MUON_DEFAULTS)
 
 
+CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+"""What megatron.training passes for torch_dist checkpoints: distributed-optimizer state in model space."""
+
+
+def _checkpoint_state(ddp_model, optimizer, *, loading: bool) -> dict:
+    model_sd = ddp_model.module.sharded_state_dict(metadata=CHECKPOINT_METADATA)
+    return {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=loading,
+                                                                         metadata=CHECKPOINT_METADATA)}
+
+
 def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str, steps: int,
-               without_shims: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Train ``steps`` steps of the tiny model ``spec_name`` with ``optimizer_name`` ('adamw' or 'muon')."""
+               without_shims: tuple[str, ...] = (), checkpoint_dir: str | None = None, save_after: int | None = None,
+               resume_at: int | None = None) -> dict[str, Any]:
+    """Train ``steps`` steps of the tiny model ``spec_name`` with ``optimizer_name`` ('adamw' or 'muon').
+
+    ``save_after``: save a Megatron `dist_checkpointing` checkpoint to ``checkpoint_dir`` after that many steps;
+    ``resume_at``: load it first and continue from that step (the batches follow the step number).
+    """
     import torch
 
     from tests.megatron_cpu import shims
 
     shims.install(without=without_shims)
     import torch.distributed as dist
-    from megatron.core import parallel_state
+    from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -119,6 +134,12 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
         ddp_model.broadcast_params()
         optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection() if layer_wise
                                                 else None)
+        start = 0
+        if resume_at is not None:
+            loaded = dist_checkpointing.load(_checkpoint_state(ddp_model, optimizer, loading=True), checkpoint_dir)
+            ddp_model.module.load_state_dict(loaded["model"])
+            optimizer.load_state_dict(loaded["optimizer"])
+            start = resume_at
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = ddp_model.no_sync
         fwd_bwd = get_forward_backward_func()
@@ -126,7 +147,7 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
         position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
         mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
         losses: list[float] = []
-        for step in range(steps):
+        for step in range(start, start + steps):
             input_ids, labels = _batch(step, dp_rank, spec.vocab_size)
 
             def forward_step(data_iterator, m, input_ids=input_ids, labels=labels):
@@ -148,6 +169,8 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             losses.append(float(loss) / world_size)
             if not ok:
                 raise RuntimeError(f"optimizer step {step} was skipped")
+            if save_after is not None and step + 1 == save_after:
+                dist_checkpointing.save(_checkpoint_state(ddp_model, optimizer, loading=False), checkpoint_dir)
         flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
         replicas = [torch.zeros_like(flat) for _ in range(world_size)]
         dist.all_gather(replicas, flat, group=group)
