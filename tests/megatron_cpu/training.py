@@ -65,7 +65,7 @@ def _ddp(model, config, opt, layer_wise: bool):
 
 
 def _pg_collection():
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     pgs = ProcessGroupCollection.use_mpu_process_groups()
