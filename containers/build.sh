@@ -9,13 +9,14 @@
 # Arguments after `--` go to the engine's build command unchanged (e.g. -- --no-cache).
 # Options: --release TAG (default: the table's DEFAULT_RELEASE), --base-image IMAGE (default: the release's),
 # --tag NAME (default nemo-muon:<release>), --engine docker|podman|buildah (default: docker if its daemon
-# answers, else podman, else buildah), --push (push --tag after the build).
+# answers, else podman, else buildah), --push (push --tag after the build), --require-optimizers LIST (what the
+# image must run, default muon: the build stops where the stack cannot, e.g. adamw for a 26.02 AdamW-only image).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 versions() { PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m nemo_muon.versions "$@"; }
 
-RELEASE="" BASE="" TAG="" ENGINE="" PUSH=0
+RELEASE="" BASE="" TAG="" ENGINE="" PUSH=0 REQUIRE=muon
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --release) RELEASE=$2; shift 2 ;;
@@ -23,6 +24,7 @@ while [ "$#" -gt 0 ]; do
     --tag) TAG=$2; shift 2 ;;
     --engine) ENGINE=$2; shift 2 ;;
     --push) PUSH=1; shift ;;
+    --require-optimizers) REQUIRE=$2; shift 2 ;;
     --) shift; break ;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "build.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -59,6 +61,7 @@ echo "build.sh: $TAG from $BASE (release $RELEASE, nemo-muon $VERSION, $ENGINE)"
   --build-arg "NEMO_MUON_VERSION=$VERSION" \
   --build-arg "SOURCE_URL=$SOURCE_URL" \
   --build-arg "VCS_REF=$VCS_REF" \
+  --build-arg "NEMO_MUON_REQUIRE_OPTIMIZERS=$REQUIRE" \
   -t "$TAG" -f "$ROOT/Dockerfile" "$@" "$ROOT"
 if [ "$PUSH" = 1 ]; then
   "$ENGINE" push "$TAG"

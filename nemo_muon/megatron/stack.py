@@ -116,3 +116,39 @@ def check_recipe_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept
         return
     tag = current_release().tag
     check_stack(recipe.optimizer.name, release_versions(tag), where=f"the nemo:{tag} container stack")
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m nemo_muon.megatron.stack --require muon[,soap,adamw]``: the container build's check.
+
+    Prints every known break of the installed stack; exits 1 when one stops a required optimizer.
+    """
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m nemo_muon.megatron.stack", description=_main.__doc__)
+    parser.add_argument("--require", default="", help="comma-separated optimizers the image must run "
+                        "(muon, soap, adamw); empty = report only")
+    args = parser.parse_args(argv)
+    required = [o.strip() for o in args.require.split(",") if o.strip()]
+    allowed = ("muon", "soap", "adamw")
+    bad = [o for o in required if o not in allowed]
+    if bad:
+        parser.error(f"--require must name optimizers of {allowed}; got {bad}")
+    versions = installed_versions()
+    problems = stack_problems(versions)
+    shown = ", ".join(f"{k} {v}" for k, v in versions.items() if v is not None) or "none of " + ", ".join(versions)
+    print(f"nemo_muon.megatron.stack: {shown}")
+    for p in problems:
+        print(f"  [{p.rule}] {p.optimizer or 'any optimizer'} cannot run: {p.message}; fix: {p.fix}")
+    blocked = sorted({o for o in required for p in problems if p.optimizer in (None, o)})
+    if blocked:
+        print(f"nemo_muon.megatron.stack: the image must run {required}, but {blocked} cannot run on this stack "
+              f"(build with --build-arg NEMO_MUON_REQUIRE_OPTIMIZERS=<the optimizers it must run> to accept that)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

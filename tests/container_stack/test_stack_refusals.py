@@ -57,3 +57,14 @@ def test_architecture_fields_equal_bridges_model_providers(spec, provider, bridg
     differ = {k: (v, getattr(prov, k)) for k, v in ours.items() if getattr(prov, k) != v}
     assert not differ, f"ours vs Bridge {type(prov).__name__}: {differ}"
     assert prov.vocab_size == spec.vocab_size
+
+
+@pytest.mark.parametrize("require, rc", [("muon", 1), ("soap", 1), ("adamw", 0)])
+def test_container_build_check_refuses_an_image_that_cannot_run_its_optimizers(require, rc):
+    """The Dockerfile's last RUN step on this stack: a Muon image is refused, an AdamW-only image is built."""
+    out = subprocess.run([sys.executable, "-P", "-m", "nemo_muon.megatron.stack", "--require", require],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == rc, out.stdout + out.stderr
+    assert "[mcore016-muon-emerging-optimizers]" in out.stdout and "fix: install the emerging-optimizers" in out.stdout
+    if rc:
+        assert f"['{require}'] cannot run on this stack" in out.stderr
