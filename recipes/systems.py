@@ -68,6 +68,8 @@ class BridgePerfLayout:
     cuda_graph_scope: tuple[str, ...] = ()
     pp_layout: str | None = None
     """Explicit Megatron pipeline layout string; None = derived from (pp, vp) for Kimi K2 as Bridge does."""
+    te_rng_tracker: bool = False
+    """Force the TE RNG tracker on without CUDA graphs (Bridge: Kimi K2's GB300 builder, kimi_llm_pretrain.py)."""
     cudnn_norm: bool = False
     """Keep TE's cuDNN norms (Bridge: Kimi K2 with MXFP8 on GB200/GB300 only)."""
 
@@ -80,7 +82,8 @@ BRIDGE_PERF_LAYOUTS: dict[tuple[str, str], BridgePerfLayout] = {
     (row.model, row.gpu): row
     for row in (
         BridgePerfLayout(**_KIMI, gpu="gb300", num_gpus=256, pp=4, vp=4, ep=64, global_batch_size=4096,
-                         micro_batch_size=2, moe_flex_dispatcher_backend="hybridep", cudnn_norm=True),
+                         micro_batch_size=2, moe_flex_dispatcher_backend="hybridep", cudnn_norm=True,
+                         te_rng_tracker=True),
         BridgePerfLayout(**_KIMI, gpu="gb200", num_gpus=256, pp=4, vp=4, ep=64, global_batch_size=2048,
                          moe_flex_dispatcher_backend="hybridep", cuda_graph_impl="transformer_engine",
                          cuda_graph_scope=("moe_router", "moe_preprocess"), cudnn_norm=True),

@@ -28,7 +28,7 @@ from typing import Any
 
 from nemo_muon.config.optimizer import AdamWConfig
 from nemo_muon.config.recipe import ParallelismConfig, TrainingRecipe
-from nemo_muon.megatron.optimizer_config import MegatronOptimizerSpec, megatron_optimizer_spec
+from nemo_muon.megatron.optimizer_config import MegatronOptimizerSpec, ddp_flags, megatron_optimizer_spec
 
 BRIDGE_VERSION = "0.3.0"
 BRIDGE_BASE_RECIPES: dict[str, str] = {
@@ -148,8 +148,6 @@ BRIDGE_PERF_COMMON_FIELDS: dict[str, dict[str, Any]] = {
 """Fields every Bridge perf run sets, whatever the model."""
 HYBRIDEP_NUM_SMS = 32
 """`moe_hybridep_num_sms` of Bridge's perf runs with the HybridEP flex backend (overrides.py; Megatron's default 16)."""
-GB300_TE_RNG_TRACKER_MODELS: tuple[str, ...] = ("kimi_k2",)
-"""Models whose GB300 perf builder forces the TE RNG tracker on without CUDA graphs (kimi_llm_pretrain.py)."""
 
 
 @dataclass(frozen=True)
@@ -216,8 +214,7 @@ def _perf_model_fields(recipe: TrainingRecipe, knobs: Any) -> dict[str, dict[str
     # overrides.py _set_cuda_graph_overrides: TE CUDA graphs need the TE RNG tracker
     model["cuda_graph_impl"] = knobs.cuda_graph_impl
     model["cuda_graph_scope"] = list(knobs.cuda_graph_scope)
-    te_rng = knobs.cuda_graph_impl != "none" or (recipe.model.name in GB300_TE_RNG_TRACKER_MODELS
-                                                 and knobs.gpu == "gb300")
+    te_rng = knobs.cuda_graph_impl != "none" or knobs.te_rng_tracker
     model["use_te_rng_tracker"] = te_rng
     out.setdefault("rng", {})["te_rng_tracker"] = te_rng
     if recipe.data.kind == "mock":
@@ -270,14 +267,10 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) 
         "eval_interval": tr.eval_interval or None,
         "eval_iters": tr.eval_iters,
     })
-    nan_checks = getattr(opt, "nonfinite", "raise") == "raise"
-    merge("ddp", {
-        # Bridge: AdamW uses the distributed optimizer with param-gather overlap; Muon/SOAP need both off
-        "use_distributed_optimizer": is_adam,
-        "overlap_param_gather": is_adam,
-        "check_for_nan_in_grad": nan_checks,
-    })
-    merge("rerun_state_machine", {"check_for_nan_in_loss": nan_checks})
+    ddp = ddp_flags(opt)
+    # Bridge: AdamW overlaps the distributed optimizer's param gather; the layer-wise optimizer cannot
+    merge("ddp", {**ddp, "overlap_param_gather": ddp["use_distributed_optimizer"]})
+    merge("rerun_state_machine", {"check_for_nan_in_loss": ddp["check_for_nan_in_grad"]})
     merge("dataset", {"sequence_length": tr.seq_length})
     merge("checkpoint", {
         "save_interval": recipe.checkpoint.save_interval or None,

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_muon.config.optimizer import AdamWConfig, OptimizerConfig
-from nemo_muon.megatron.optimizer_config import API_016, to_megatron_optimizer_config
+from nemo_muon.config.optimizer import OptimizerConfig
+from nemo_muon.megatron.optimizer_config import API_016, ddp_flags, to_megatron_optimizer_config
 from nemo_muon.megatron.stack import check_installed_stack
 
 
-def ddp_config_kwargs(opt: OptimizerConfig, *, layerwise: bool = True) -> dict[str, Any]:
-    """`DistributedDataParallelConfig` kwargs: AdamW shards its state (ZeRO-1), Muon/SOAP own whole matrices."""
-    is_adam = isinstance(opt, AdamWConfig)
-    return {
-        "use_distributed_optimizer": is_adam,
-        "overlap_grad_reduce": False,
-        "overlap_param_gather": False,
-        "grad_reduce_in_fp32": False,
-        "check_for_nan_in_grad": getattr(opt, "nonfinite", "raise") == "raise",
-    }
+def ddp_config_kwargs(opt: OptimizerConfig) -> dict[str, Any]:
+    """`DistributedDataParallelConfig` kwargs: the optimizer's flags (`ddp_flags`), no overlap, bf16 reductions."""
+    return {**ddp_flags(opt), "overlap_grad_reduce": False, "overlap_param_gather": False,
+            "grad_reduce_in_fp32": False}
 
 
 def build_megatron_optimizer(

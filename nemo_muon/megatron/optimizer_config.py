@@ -176,6 +176,16 @@ def megatron_optimizer_spec(
     raise ValueError(f"optimizer must be a MuonConfig, SoapConfig or AdamWConfig; got {type(opt).__name__}")
 
 
+def ddp_flags(opt: OptimizerConfig) -> dict[str, bool]:
+    """The `DistributedDataParallelConfig` fields the optimizer decides, on every megatron path.
+
+    AdamW shards its state (ZeRO-1, Megatron's distributed optimizer); Muon/SOAP own whole matrices (the layer-wise
+    optimizer, which Megatron-Core refuses beside ``use_distributed_optimizer``). The NaN check is always on: the
+    mapping accepts only ``nonfinite='raise'`` (`megatron_optimizer_spec`).
+    """
+    return {"use_distributed_optimizer": isinstance(opt, AdamWConfig), "check_for_nan_in_grad": True}
+
+
 def soap_accepts_precondition_frequency() -> bool:
     """Whether the installed emerging_optimizers SOAP takes a precondition_frequency (0.3.0 does not)."""
     from emerging_optimizers.soap import SOAP

@@ -53,7 +53,8 @@ def target_machine(gpu: str, te_version: str) -> Iterator[None]:
     with ExitStack() as stack:
         stack.enter_context(mock.patch("torch.cuda.get_device_properties", lambda *a, **k: props))
         stack.enter_context(mock.patch("megatron.core.utils.get_te_version", lambda: Version(te_version)))
-        stack.enter_context(mock.patch("megatron.core.utils._te_version", Version(te_version), create=True))
+        # modules that imported get_te_version by name call the original, which returns this cached global
+        stack.enter_context(mock.patch("megatron.core.utils._te_version", Version(te_version)))
         for module_name, kernels in FUSED_KERNELS.items():
             module = importlib.import_module(module_name)
             for name in kernels:
