@@ -1,0 +1,49 @@
+"""The stack rules as a function of versions, and which stack `check_recipe_stack` judges (the rules are shown to
+be true against the real libraries in tests/container_stack)."""
+
+from __future__ import annotations
+
+import pytest
+from nemo_muon.recipes import get_recipe
+
+from nemo_muon.megatron import stack
+
+
+def _rules(**versions: str | None) -> set[str]:
+    names = {"mcore": stack.MCORE, "eo": stack.EMERGING_OPTIMIZERS, "nemo": stack.NEMO}
+    return {p.rule for p in stack.stack_problems({names[k]: v for k, v in versions.items()})}
+
+
+@pytest.mark.parametrize("versions, rules", [
+    (dict(mcore="0.16.0", eo="0.3.0", nemo="2.7.0"), {"mcore016-muon-emerging-optimizers", "mcore-soap"}),
+    (dict(mcore="0.16.1rc0+abc", eo="0.1.0", nemo=None), {"mcore-soap"}),
+    (dict(mcore="0.16.0", eo=None, nemo=None), {"mcore016-muon-no-emerging-optimizers", "mcore-soap"}),
+    (dict(mcore="0.18.0", eo="0.3.0", nemo=None), set()),
+    (dict(mcore="0.19.2", eo="0.3.0", nemo="2.7.3"), {"nemo27-mcore019"}),
+    (dict(mcore=None, eo="0.3.0", nemo=None), set()),
+])
+def test_rules_fire_exactly_on_the_known_breaks(versions, rules):
+    assert _rules(**versions) == rules
+
+
+def test_a_bad_version_string_is_named():
+    with pytest.raises(ValueError, match="version"):
+        stack.stack_problems({stack.MCORE: "main"})
+
+
+def test_without_megatron_installed_the_release_stack_is_judged(monkeypatch):
+    monkeypatch.setattr(stack, "installed_versions", lambda: dict.fromkeys(stack.CHECKED_DISTRIBUTIONS))
+    monkeypatch.setenv("NEMO_MUON_RELEASE", "26.02")
+    with pytest.raises(ValueError, match=r"cannot run on the nemo:26.02 container stack:\n  - \[mcore016-muon"):
+        stack.check_recipe_stack(get_recipe("kimi_k2_muon"))
+    stack.check_recipe_stack(get_recipe("kimi_k2_adamw"))
+    stack.check_recipe_stack(get_recipe("tiny_kimi_k2_muon"))  # torch backend: no Megatron involved
+    monkeypatch.setenv("NEMO_MUON_RELEASE", "26.06")  # Megatron-Core 0.18: Muon and SOAP both build
+    stack.check_recipe_stack(get_recipe("kimi_k2_muon"))
+    stack.check_recipe_stack(get_recipe("kimi_k2_soap"))
+
+
+def test_with_megatron_installed_the_installed_stack_is_judged():
+    assert stack.installed_versions()[stack.MCORE] == "0.19.2"  # this environment (.venv)
+    stack.check_recipe_stack(get_recipe("kimi_k2_muon"))
+    stack.check_recipe_stack(get_recipe("kimi_k2_soap"))
