@@ -130,10 +130,12 @@ BRIDGE_PERF_MODEL_FIELDS: dict[str, dict[str, dict[str, Any]]] = {
         "comm_overlap": {"overlap_grad_reduce": True},
     },
     # scripts/performance/configs/qwen/qwen3_llm_pretrain.py (r0.3.0) set_qwen3_common_configs: recompute cleared
-    # for every preset (Bridge's Qwen library recipe defaults to full recompute), bias-activation fusion on
+    # for every preset (Bridge's Qwen library recipe defaults to full recompute), bias-activation fusion on; the
+    # GB300 builder passes comm_overlap_config=CommOverlapConfig(tp_comm_overlap=True) to the library recipe
     "qwen3_30b_a3b": {
         "model": {"moe_router_fusion": True, "bias_activation_fusion": True, "recompute_granularity": None,
                   "recompute_method": None, "recompute_num_layers": None},
+        "comm_overlap": {"tp_comm_overlap": True},
     },
 }
 """Per-model fields Bridge's perf scripts set on top of the library recipe (applied to every perf recipe)."""
@@ -331,7 +333,12 @@ def config_container(recipe: TrainingRecipe) -> Any:
     container.optimizer = BridgeOptimizerConfig(**spec.kwargs)
     container.optimizer.optimizer = spec.bridge_optimizer  # Bridge 0.3.0 dispatches Muon on this name
     knobs = BRIDGE_PERF_LAYOUTS.get((recipe.model.name, recipe.system.gpu))
-    _set_fields(container, bridge_field_overrides(recipe, bridge_knobs=knobs))
+    overrides = bridge_field_overrides(recipe, bridge_knobs=knobs)
+    if container.comm_overlap is None and "comm_overlap" in overrides:  # Qwen's library recipe leaves it None
+        from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+        container.comm_overlap = CommOverlapConfig(**overrides.pop("comm_overlap"))
+    _set_fields(container, overrides)
     return container
 
 
