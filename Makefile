@@ -15,14 +15,15 @@ STACK_TESTS := tests/container_stack
 venv: $(STAMP)
 
 # Re-install when the dependency list changes; the interpreter is found by scripts/find_python.sh (Python 3.12).
+# --no-cache-dir: the CUDA build of torch would otherwise sit twice on disk (wheel cache + venv); CI disks are small.
 $(STAMP): pyproject.toml
 	@if [ ! -x $(PY) ]; then \
 	  PYBIN=$$(scripts/find_python.sh) || exit 1; \
 	  echo "creating $(VENV) with $$PYBIN"; \
 	  "$$PYBIN" -m venv $(VENV); \
 	fi
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-cache-dir --upgrade pip
+	$(PY) -m pip install --quiet --no-cache-dir -e ".[dev]"
 	@touch $(STAMP)
 
 stack-venv: $(STACK_STAMP)
