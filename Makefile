@@ -3,6 +3,10 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The exact versions .venv gets (pyproject.toml declares ranges; this constraints file picks one in each).
+LOCK := requirements/cpu-dev.txt
+# What the tests and the demo import: the torch and Megatron-Core backends, NeMo-Run, the test tools.
+EXTRAS := train,megatron,nemo-run,dev
 # The container-stack test environment: NGC nemo:26.02's Python stack (docs/container_stack.md).
 STACK_VENV := .venv-ngc
 STACK_LOCK := requirements/container-stack-26.02.txt
@@ -14,16 +18,16 @@ STACK_TESTS := tests/container_stack
 
 venv: $(STAMP)
 
-# Re-install when the dependency list changes; the interpreter is found by scripts/find_python.sh (Python 3.12).
-# --no-cache-dir: the CUDA build of torch would otherwise sit twice on disk (wheel cache + venv); CI disks are small.
-$(STAMP): pyproject.toml
+# Re-install when the dependency list or the lock changes; the interpreter is found by scripts/find_python.sh (Python
+# 3.12). --no-cache-dir: the CUDA build of torch would otherwise sit twice on disk (wheel cache + venv); CI disks are small.
+$(STAMP): pyproject.toml $(LOCK)
 	@if [ ! -x $(PY) ]; then \
 	  PYBIN=$$(scripts/find_python.sh) || exit 1; \
 	  echo "creating $(VENV) with $$PYBIN"; \
 	  "$$PYBIN" -m venv $(VENV); \
 	fi
 	$(PY) -m pip install --quiet --no-cache-dir --upgrade pip
-	$(PY) -m pip install --quiet --no-cache-dir -e ".[dev]"
+	$(PY) -m pip install --quiet --no-cache-dir -c $(LOCK) -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
 stack-venv: $(STACK_STAMP)
