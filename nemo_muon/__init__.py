@@ -25,10 +25,16 @@ _LAZY = {
     "TrainingRecipe": "nemo_muon.config.recipe",
 }
 
+# subpackages reachable as attributes without importing them first (``nemo_muon.megatron.nemo2.Muon``)
+_SUBPACKAGES: frozenset[str] = frozenset({"accounting", "config", "layerwise", "megatron", "models", "optim",
+                                          "reporting", "train", "recipes", "launchers"})
+
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'nemo_muon' has no attribute {name!r}")

@@ -1,1 +1,24 @@
-"""nemo_muon.megatron."""
+"""nemo_muon.megatron: the Megatron-Core / Megatron-Bridge / NeMo 2 backend.
+
+Submodules load on first attribute access (``nemo_muon.megatron.nemo2.Muon``), so importing the package needs none
+of Megatron-Core, Bridge or NeMo:
+
+* `optimizer_config`: our optimizer configs -> Megatron-Core's `OptimizerConfig` (both API generations);
+* `build`: the Megatron optimizer of a config over DDP-wrapped model chunks;
+* `stack`: which installed stacks can build which optimizer;
+* `model_config`, `bridge`: Megatron-Bridge configs of the recipes;
+* `nemo2`: NeMo 2.7 optimizer modules and optimizer recipes (needs NeMo).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+SUBMODULES: tuple[str, ...] = ("bridge", "build", "model_config", "nemo2", "optimizer_config", "stack")
+
+
+def __getattr__(name: str) -> Any:
+    if name in SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_muon.config.optimizer import OptimizerConfig
-from nemo_muon.megatron.optimizer_config import API_016, ddp_flags, to_megatron_optimizer_config
+from nemo_muon.megatron.optimizer_config import (
+    API_016,
+    MegatronOptimizerSpec,
+    ddp_flags,
+    to_megatron_optimizer_config,
+)
 from nemo_muon.megatron.stack import check_installed_stack
 
 
@@ -19,6 +24,47 @@ def ddp_config_kwargs(opt: OptimizerConfig) -> dict[str, Any]:
     """`DistributedDataParallelConfig` kwargs: the optimizer's flags (`ddp_flags`), no overlap, bf16 reductions."""
     return {**ddp_flags(opt), "overlap_grad_reduce": False, "overlap_param_gather": False,
             "grad_reduce_in_fp32": False}
+
+
+def mpu_process_groups() -> Any:
+    """The `ProcessGroupCollection` of Megatron's initialized ``parallel_state`` with ``dp_cp`` and ``expt_dp`` set.
+
+    For callers whose framework owns Megatron's process groups (NeMo 2's strategy initializes ``parallel_state``):
+    the groups are read here, once, and passed explicitly to the optimizer builder.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    if not parallel_state.model_parallel_is_initialized():
+        raise RuntimeError("Megatron's parallel_state is not initialized; the layer-wise optimizer needs its "
+                           "data-parallel and expert-data-parallel groups (initialize_model_parallel first)")
+    pgs = ProcessGroupCollection.use_mpu_process_groups()
+    pgs.dp_cp = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    pgs.expt_dp = parallel_state.get_expert_data_parallel_group()
+    return pgs
+
+
+def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: MegatronOptimizerSpec,
+                               model_chunks: list[Any], *, pg_collection: Any = None) -> Any:
+    """The Megatron optimizer of ``config`` (an `OptimizerConfig` from `to_megatron_optimizer_config`, possibly
+    adjusted by a framework, e.g. NeMo's precision plugin) for DDP-wrapped ``model_chunks``.
+
+    ``pg_collection`` (a `ProcessGroupCollection` with ``dp_cp`` and ``expt_dp`` set) is required by the layer-wise
+    optimizer of Megatron-Core >= 0.18 and passed explicitly; no process group is looked up here.
+    """
+    check_installed_stack(opt.name)
+    if spec.api == API_016 and spec.builder == "get_megatron_muon_optimizer":
+        from megatron.core.optimizer.muon import get_megatron_muon_optimizer
+
+        return get_megatron_muon_optimizer(config, model_chunks, layer_wise_distributed_optimizer=spec.layer_wise)
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    if spec.layer_wise:
+        if pg_collection is None:
+            raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
+                             "optimizer; got None")
+        return get_megatron_optimizer(config, model_chunks, pg_collection=pg_collection, use_gloo_process_groups=False)
+    return get_megatron_optimizer(config, model_chunks)
 
 
 def build_megatron_optimizer(
@@ -30,24 +76,8 @@ def build_megatron_optimizer(
     layerwise: bool = True,
     pg_collection: Any = None,
 ) -> tuple[Any, Any]:
-    """(Megatron optimizer, its `OptimizerConfig`) for DDP-wrapped ``model_chunks``.
-
-    ``pg_collection`` (a `ProcessGroupCollection` with ``dp_cp`` and ``expt_dp`` set) is required by the layer-wise
-    optimizer of Megatron-Core >= 0.18 and passed explicitly; no process group is looked up here.
+    """(Megatron optimizer, its `OptimizerConfig`) for DDP-wrapped ``model_chunks`` (see `build_from_megatron_config`).
     """
     check_installed_stack(opt.name)
     config, spec = to_megatron_optimizer_config(opt, grad_clip=grad_clip, bf16=bf16, layerwise=layerwise)
-    if spec.api == API_016 and spec.builder == "get_megatron_muon_optimizer":
-        from megatron.core.optimizer.muon import get_megatron_muon_optimizer
-
-        return get_megatron_muon_optimizer(config, model_chunks,
-                                           layer_wise_distributed_optimizer=spec.layer_wise), config
-    from megatron.core.optimizer import get_megatron_optimizer
-
-    if spec.layer_wise:
-        if pg_collection is None:
-            raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
-                             "optimizer; got None")
-        return get_megatron_optimizer(config, model_chunks, pg_collection=pg_collection,
-                                      use_gloo_process_groups=False), config
-    return get_megatron_optimizer(config, model_chunks), config
+    return build_from_megatron_config(opt, config, spec, model_chunks, pg_collection=pg_collection), config

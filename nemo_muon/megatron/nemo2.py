@@ -1,101 +1,302 @@
-"""NeMo 2.7 (Lightning) optimizer modules: Muon / SOAP where a NeMo 2 recipe passes AdamW.
+"""NeMo 2 (NeMo 2.7, NGC 26.02) optimizer modules and optimizer recipes for Muon, SOAP and AdamW.
 
-    from nemo_muon.megatron.nemo2 import Muon
-    recipe.optim = Muon(lr=1e-4, weight_decay=0.01)          # was: distributed_fused_adam_with_cosine_annealing(...)
+In NeMo's own idiom (``nemo/collections/llm/recipes/optim/adam.py``): a recipe function returns
+``run.Config[EmergingOptimizerModule]`` with the LR scheduler inside, so it serializes with NeMo-Run (YAML, zlib-JSON)
+and NeMo's ``io_dump`` (a checkpoint's ``context/``), and the schedule travels with it::
 
-`Muon(...)` / `SOAP(...)` return a subclass of NeMo's `MegatronOptimizerModule` whose `optimizers()` builds the
-Megatron-Core optimizer our mapping selects (`nemo_muon.megatron.optimizer_config`): on megatron-core 0.16 (NGC
-26.02) `get_megatron_muon_optimizer(..., layer_wise_distributed_optimizer=...)`, on 0.18+ `get_megatron_optimizer`
-with ``optimizer="muon"|"soap"`` and the layer-wise flag. Muon/SOAP need the strategy's DDP config with
-``use_distributed_optimizer=False`` (Megatron-Core refuses otherwise). NeMo is imported only when a module is built,
-so this file imports anywhere.
+    from nemo.collections import llm
+    from nemo_muon.megatron.nemo2 import muon_with_cosine_annealing
+
+    recipe = llm.llama3_8b.pretrain_recipe(num_nodes=1, num_gpus_per_node=8)
+    recipe.optim = muon_with_cosine_annealing(max_lr=3e-4, warmup_steps=2000)
+
+NeMo's `MegatronStrategy` copies ``use_distributed_optimizer`` from the module's Megatron config to its DDP config
+(off for Muon/SOAP, which own whole matrices per data-parallel rank; on for AdamW), as for NeMo's own Adam.
+
+`EmergingOptimizerModule` is a module-level `MegatronOptimizerModule` subclass. Its arguments are our validated
+optimizer config (`MuonConfig` / `SoapConfig` / `AdamWConfig`, the single source of every optimizer value), the
+scheduler and the clip; the Megatron-Core `OptimizerConfig` NeMo's machinery reads (``self.config``) is derived from
+them by the tested mapping (`nemo_muon.megatron.optimizer_config`). ``optimizers()`` builds through
+`nemo_muon.megatron.build`, never through NeMo 2.7's ``setup_megatron_optimizer`` (it passes
+``no_weight_decay_cond`` / ``scale_lr_cond`` / ``lr_mult``, which neither Megatron-Core 0.16.0 nor 0.19.2 accepts).
+
+No ``from __future__ import annotations`` here: NeMo-Run evaluates a factory's return annotation itself.
+This module needs NeMo 2.7 (``import nemo_muon.megatron.nemo2`` raises ImportError naming what to install otherwise).
 """
 
-from __future__ import annotations
-
-import copy
-from functools import cache
+import inspect
 from typing import Any
 
-from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.megatron.build import build_from_megatron_config, mpu_process_groups
 from nemo_muon.megatron.optimizer_config import (
     MEGATRON_MUON_DEFAULTS,
-    MegatronOptimizerSpec,
+    ddp_flags,
     to_megatron_optimizer_config,
 )
 
+try:
+    import nemo_run as run
+    from nemo.core.optim import McoreDistributedOptimizer
+    from nemo.lightning.pytorch.optim.lr_scheduler import CosineAnnealingScheduler, WarmupHoldAnnealScheduler
+    from nemo.lightning.pytorch.optim.megatron import MegatronOptimizerModule
+except ImportError as e:  # pragma: no cover - exercised in environments without NeMo
+    raise ImportError(
+        "nemo_muon.megatron.nemo2 needs NeMo 2.7 with its LLM collection (nemo_toolkit 2.7.x and nemo_run, as in the "
+        f"NGC nemo:26.02 container); importing it failed: {e}"
+    ) from e
 
-def muon_optimizer_config(lr: float, weight_decay: float = DEFAULT_WEIGHT_DECAY, *, grad_clip: float = 1.0,
-                          min_lr: float | None = None, layerwise: bool = True,
-                          **muon_kwargs: Any) -> tuple[Any, MegatronOptimizerSpec]:
-    """The Megatron-Core OptimizerConfig of a Muon run (fields of `MuonConfig` as keyword arguments)."""
-    cfg = MuonConfig(lr=lr, weight_decay=weight_decay, **{**MEGATRON_MUON_DEFAULTS, **muon_kwargs})
-    return to_megatron_optimizer_config(cfg, grad_clip=grad_clip, min_lr=min_lr, layerwise=layerwise)
-
-
-@cache
-def _module_class() -> type:
-    try:
-        from nemo.lightning.pytorch.optim.megatron import MegatronOptimizerModule
-    except ImportError as e:
-        raise ImportError("nemo_muon.megatron.nemo2 needs NeMo 2.7 (nemo_toolkit 2.7.x with the LLM collection, "
-                          "e.g. the NGC nemo:26.02 container)") from e
-
-    class EmergingOptimizerModule(MegatronOptimizerModule):
-        """MegatronOptimizerModule for Muon / SOAP (layer-wise distributed over data-parallel ranks)."""
-
-        def __init__(self, config: Any, spec: MegatronOptimizerSpec, **kwargs: Any) -> None:
-            super().__init__(config, **kwargs)
-            self.spec = spec
-
-        def optimizers(self, model: Any) -> list[Any]:
-            if self.spec.builder != "get_megatron_muon_optimizer":
-                return super().optimizers(model)  # 0.18+: get_megatron_optimizer honours optimizer='muon'|'soap'
-            if self.lr_mult != 1.0 or self.no_weight_decay_cond or self.scale_lr_cond:
-                raise ValueError("lr_mult / no_weight_decay_cond / scale_lr_cond are not supported by "
-                                 "megatron-core 0.16's get_megatron_muon_optimizer; got "
-                                 f"lr_mult={self.lr_mult}, no_weight_decay_cond={self.no_weight_decay_cond}, "
-                                 f"scale_lr_cond={self.scale_lr_cond}")
-            from megatron.core.optimizer.muon import get_megatron_muon_optimizer
-            from nemo.core.optim import McoreDistributedOptimizer
-            from nemo.utils import AppState
-
-            # get_megatron_muon_optimizer rewrites config.optimizer; keep ours intact
-            mcore_opt = get_megatron_muon_optimizer(
-                copy.copy(self.config), [m.module for m in model],
-                use_gloo_process_groups=AppState().use_gloo_process_groups,
-                layer_wise_distributed_optimizer=self.spec.layer_wise,
-            )
-            return [McoreDistributedOptimizer(mcore_opt)]
-
-    return EmergingOptimizerModule
+WSD_DECAY_SCHEDULES: tuple[str, ...] = ("linear", "one_minus_square_root")
+"""Decay shapes of NeMo's WarmupHoldAnnealScheduler (warmup-stable-decay)."""
 
 
-def optimizer_module(opt: OptimizerConfig, *, lr_scheduler: Any = None, grad_clip: float = 1.0,
-                     min_lr: float | None = None, layerwise: bool = True, **module_kwargs: Any) -> Any:
-    """A NeMo 2 optimizer module for any of our optimizer configs (AdamW too)."""
-    config, spec = to_megatron_optimizer_config(opt, grad_clip=grad_clip, min_lr=min_lr, layerwise=layerwise)
-    return _module_class()(config, spec, lr_scheduler=lr_scheduler, **module_kwargs)
+class MegatronCoreOptimizer(McoreDistributedOptimizer):
+    """NeMo's wrapper of a Megatron-Core optimizer; checkpoint keyword arguments are passed only where accepted.
+
+    NeMo's strategy calls ``sharded_state_dict(..., metadata=...)``; Megatron-Core's optimizers of 0.16 and 0.19
+    differ in which of ``metadata`` / ``sharding_type`` they take, so unknown ones are dropped here rather than
+    raising a TypeError at the first checkpoint.
+    """
+
+    def sharded_state_dict(self, model_sharded_state_dict: Any, optimizer_state_dict: Any = None,
+                           is_loading: bool = False, dist_ckpt_parallel_save: Any = None, **kwargs: Any) -> Any:
+        params = inspect.signature(self.mcore_optimizer.sharded_state_dict).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        accepted = {k: v for k, v in kwargs.items() if takes_any or k in params}
+        return self.mcore_optimizer.sharded_state_dict(model_sharded_state_dict, is_loading=is_loading, **accepted)
 
 
-def Muon(lr: float, weight_decay: float = DEFAULT_WEIGHT_DECAY, *, lr_scheduler: Any = None, grad_clip: float = 1.0,  # noqa: N802
-         layerwise: bool = True, **muon_kwargs: Any) -> Any:
-    """NeMo 2 optimizer module for layer-wise distributed Muon (momentum 0.95, Nesterov, TP mode duplicated)."""
-    cfg = MuonConfig(lr=lr, weight_decay=weight_decay, **{**MEGATRON_MUON_DEFAULTS, **muon_kwargs})
-    return optimizer_module(cfg, lr_scheduler=lr_scheduler, grad_clip=grad_clip, layerwise=layerwise)
+def apply_param_group_multipliers(param_groups: list[dict[str, Any]]) -> None:
+    """Fold Megatron's per-group ``lr_mult`` / ``wd_mult`` into ``lr`` / ``weight_decay`` once.
+
+    NeMo's schedulers set ``lr`` on each group and know nothing of the multipliers Megatron-Core puts on param
+    groups (its own scheduler applies them); like NeMo's AdamW path, the multiplier is applied to the base values,
+    which are kept as ``pre_mult_lr`` / ``pre_mult_wd``. A group that already has them (a resumed optimizer) is left.
+    """
+    for group in param_groups:
+        if "pre_mult_lr" in group:
+            continue
+        group["pre_mult_lr"], group["pre_mult_wd"] = group["lr"], group["weight_decay"]
+        group["lr"] = group["lr"] * group.pop("lr_mult", 1.0)
+        group["weight_decay"] = group["weight_decay"] * group.pop("wd_mult", 1.0)
 
 
-def SOAP(lr: float, weight_decay: float = DEFAULT_WEIGHT_DECAY, *, lr_scheduler: Any = None, grad_clip: float = 1.0,  # noqa: N802
-         layerwise: bool = True, **soap_kwargs: Any) -> Any:
-    """NeMo 2 optimizer module for layer-wise SOAP (megatron-core >= 0.18)."""
-    cfg = SoapConfig(lr=lr, weight_decay=weight_decay, **{"nonfinite": "raise", **soap_kwargs})
-    return optimizer_module(cfg, lr_scheduler=lr_scheduler, grad_clip=grad_clip, layerwise=layerwise)
+class EmergingOptimizerModule(MegatronOptimizerModule):
+    """NeMo 2 optimizer module for nemo-muon's optimizer configs on Megatron-Core (0.16 and 0.18+).
+
+    Args:
+        optimizer: a `MuonConfig`, `SoapConfig` or `AdamWConfig` (validated at construction).
+        lr_scheduler: a NeMo LR scheduler module (NeMo's recipes put one here; None keeps lr constant).
+        grad_clip: global gradient-norm clip.
+        min_lr: Megatron's ``min_lr`` field (the scheduler module has its own).
+        layerwise: Muon/SOAP with whole matrices per data-parallel rank (Megatron's layer-wise optimizer).
+        bf16: the model's parameters are bf16 (NeMo's ``bf16-mixed``).
+    """
+
+    def __init__(self, optimizer: OptimizerConfig, lr_scheduler: Any = None, grad_clip: float = 1.0,
+                 min_lr: float | None = None, layerwise: bool = True, bf16: bool = True) -> None:
+        if not isinstance(optimizer, (MuonConfig, SoapConfig, AdamWConfig)):
+            raise ValueError(f"optimizer must be a MuonConfig, SoapConfig or AdamWConfig; got {optimizer!r}")
+        config, self.spec = to_megatron_optimizer_config(optimizer, grad_clip=grad_clip, min_lr=min_lr,
+                                                         layerwise=layerwise, bf16=bf16)
+        super().__init__(config, lr_scheduler=lr_scheduler)
+        self.optimizer_config = optimizer
+
+    def optimizers(self, model: Any) -> list[Any]:
+        """Build the Megatron-Core optimizer over the model's DDP-wrapped chunks (``[m.module for m in model]``)."""
+        chunks = [m.module for m in model]
+        want = ddp_flags(self.optimizer_config)["use_distributed_optimizer"]
+        for chunk in chunks:
+            have = getattr(getattr(chunk, "ddp_config", None), "use_distributed_optimizer", want)
+            if have != want:
+                raise ValueError(
+                    f"trainer.strategy.ddp.use_distributed_optimizer must be {want} for optimizer "
+                    f"{self.optimizer_config.name!r} ({'ZeRO-1 Adam' if want else 'whole matrices per DP rank'}); "
+                    f"got {have} (NeMo's MegatronStrategy copies it from optim.config.use_distributed_optimizer="
+                    f"{self.config.use_distributed_optimizer}; something changed it afterwards)")
+        pg_collection = mpu_process_groups() if self.spec.layer_wise and self.spec.builder == "get_megatron_optimizer" \
+            else None
+        mcore_opt = build_from_megatron_config(self.optimizer_config, self.config, self.spec, chunks,
+                                               pg_collection=pg_collection)
+        apply_param_group_multipliers(mcore_opt.param_groups)
+        return [MegatronCoreOptimizer(mcore_opt)]
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("EmergingOptimizerModule", "MuonOptimizerModule"):
-        return _module_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _module(optimizer: run.Config, sched: run.Config, clip_grad: float, precision: str,
+            layerwise: bool) -> run.Config[EmergingOptimizerModule]:
+    if precision != "bf16-mixed":
+        raise ValueError(f"precision must be 'bf16-mixed' (Megatron-Core's layer-wise optimizer is verified with bf16 "
+                         f"parameters only); got {precision!r}")
+    return run.Config(EmergingOptimizerModule, optimizer=optimizer, lr_scheduler=sched, grad_clip=clip_grad,
+                      layerwise=layerwise, bf16=precision == "bf16-mixed")
 
 
-__all__ = ["MEGATRON_MUON_DEFAULTS", "Muon", "SOAP", "muon_optimizer_config", "optimizer_module"]
+def _cosine(max_lr: float, warmup_steps: int, constant_steps: int, min_lr: float | None,
+            max_steps: int | None) -> run.Config[CosineAnnealingScheduler]:
+    kwargs: dict[str, Any] = {"warmup_steps": warmup_steps, "constant_steps": constant_steps,
+                              "min_lr": min_lr if min_lr is not None else 0.1 * max_lr}
+    if max_steps is not None:
+        kwargs["max_steps"] = max_steps
+    return run.Config(CosineAnnealingScheduler, **kwargs)
+
+
+def _wsd(max_lr: float, warmup_ratio: float, hold_ratio: float, decay_schedule: str, min_lr: float | None,
+         max_steps: int | None) -> run.Config[WarmupHoldAnnealScheduler]:
+    if decay_schedule not in WSD_DECAY_SCHEDULES:
+        raise ValueError(f"decay_schedule must be one of {WSD_DECAY_SCHEDULES}; got {decay_schedule!r}")
+    if not (0 <= warmup_ratio and 0 <= hold_ratio and warmup_ratio + hold_ratio <= 1):
+        raise ValueError(f"warmup_ratio + hold_ratio must lie in [0, 1] with both >= 0; got warmup_ratio={warmup_ratio}"
+                         f", hold_ratio={hold_ratio}")
+    kwargs: dict[str, Any] = {"warmup_ratio": warmup_ratio, "hold_ratio": hold_ratio, "decay_schedule": decay_schedule,
+                              "min_lr": min_lr if min_lr is not None else 0.1 * max_lr}
+    if max_steps is not None:
+        kwargs["max_steps"] = max_steps
+    return run.Config(WarmupHoldAnnealScheduler, **kwargs)
+
+
+def _muon_config(max_lr: float, weight_decay: float, momentum: float, nesterov: bool, tp_mode: str,
+                 adam_beta1: float, adam_beta2: float, muon_kwargs: dict[str, Any]) -> run.Config[MuonConfig]:
+    fields = {**MEGATRON_MUON_DEFAULTS, "lr": max_lr, "weight_decay": weight_decay, "momentum": momentum,
+              "nesterov": nesterov, "tp_mode": tp_mode, "adamw_betas": (adam_beta1, adam_beta2), **muon_kwargs}
+    MuonConfig(**fields)  # validate now, naming the field, rather than when the trainer builds it
+    return run.Config(MuonConfig, **fields)
+
+
+def _soap_config(max_lr: float, weight_decay: float, adam_beta1: float, adam_beta2: float,
+                 soap_kwargs: dict[str, Any]) -> run.Config[SoapConfig]:
+    fields = {"nonfinite": "raise", "lr": max_lr, "weight_decay": weight_decay, "betas": (adam_beta1, adam_beta2),
+              **soap_kwargs}
+    SoapConfig(**fields)
+    return run.Config(SoapConfig, **fields)
+
+
+@run.cli.factory
+def muon_with_cosine_annealing(
+    precision: str = "bf16-mixed",
+    warmup_steps: int = 2000,
+    constant_steps: int = 0,
+    max_lr: float = 1e-4,
+    min_lr: float | None = None,
+    weight_decay: float = DEFAULT_WEIGHT_DECAY,
+    momentum: float = 0.95,
+    nesterov: bool = True,
+    tp_mode: str = "duplicated",
+    adam_beta1: float = 0.9,
+    adam_beta2: float = 0.95,
+    clip_grad: float = 1.0,
+    max_steps: int | None = None,
+    layerwise: bool = True,
+    **muon_kwargs: Any,
+) -> run.Config[EmergingOptimizerModule]:
+    """Layer-wise Muon (Adam for embeddings, output layer, norms, biases) with warmup and cosine annealing to
+    ``min_lr`` (default 0.1 x max_lr), like NeMo's ``distributed_fused_adam_with_cosine_annealing``."""
+    return _module(_muon_config(max_lr, weight_decay, momentum, nesterov, tp_mode, adam_beta1, adam_beta2, muon_kwargs),
+                   _cosine(max_lr, warmup_steps, constant_steps, min_lr, max_steps), clip_grad, precision, layerwise)
+
+
+@run.cli.factory
+def muon_with_wsd(
+    precision: str = "bf16-mixed",
+    warmup_ratio: float = 0.01,
+    hold_ratio: float = 0.79,
+    decay_schedule: str = "linear",
+    max_lr: float = 1e-4,
+    min_lr: float | None = None,
+    weight_decay: float = DEFAULT_WEIGHT_DECAY,
+    momentum: float = 0.95,
+    nesterov: bool = True,
+    tp_mode: str = "duplicated",
+    adam_beta1: float = 0.9,
+    adam_beta2: float = 0.95,
+    clip_grad: float = 1.0,
+    max_steps: int | None = None,
+    layerwise: bool = True,
+    **muon_kwargs: Any,
+) -> run.Config[EmergingOptimizerModule]:
+    """Layer-wise Muon with warmup-stable-decay (NeMo's WarmupHoldAnnealScheduler): linear warmup over
+    ``warmup_ratio`` of the steps, ``max_lr`` held for ``hold_ratio``, then decay to ``min_lr``."""
+    return _module(_muon_config(max_lr, weight_decay, momentum, nesterov, tp_mode, adam_beta1, adam_beta2, muon_kwargs),
+                   _wsd(max_lr, warmup_ratio, hold_ratio, decay_schedule, min_lr, max_steps), clip_grad, precision,
+                   layerwise)
+
+
+@run.cli.factory
+def soap_with_cosine_annealing(
+    precision: str = "bf16-mixed",
+    warmup_steps: int = 2000,
+    constant_steps: int = 0,
+    max_lr: float = 1e-4,
+    min_lr: float | None = None,
+    weight_decay: float = DEFAULT_WEIGHT_DECAY,
+    adam_beta1: float = 0.95,
+    adam_beta2: float = 0.95,
+    clip_grad: float = 1.0,
+    max_steps: int | None = None,
+    layerwise: bool = True,
+    **soap_kwargs: Any,
+) -> run.Config[EmergingOptimizerModule]:
+    """Layer-wise SOAP (Megatron-Core >= 0.18) with warmup and cosine annealing."""
+    return _module(_soap_config(max_lr, weight_decay, adam_beta1, adam_beta2, soap_kwargs),
+                   _cosine(max_lr, warmup_steps, constant_steps, min_lr, max_steps), clip_grad, precision, layerwise)
+
+
+@run.cli.factory
+def soap_with_wsd(
+    precision: str = "bf16-mixed",
+    warmup_ratio: float = 0.01,
+    hold_ratio: float = 0.79,
+    decay_schedule: str = "linear",
+    max_lr: float = 1e-4,
+    min_lr: float | None = None,
+    weight_decay: float = DEFAULT_WEIGHT_DECAY,
+    adam_beta1: float = 0.95,
+    adam_beta2: float = 0.95,
+    clip_grad: float = 1.0,
+    max_steps: int | None = None,
+    layerwise: bool = True,
+    **soap_kwargs: Any,
+) -> run.Config[EmergingOptimizerModule]:
+    """Layer-wise SOAP (Megatron-Core >= 0.18) with warmup-stable-decay."""
+    return _module(_soap_config(max_lr, weight_decay, adam_beta1, adam_beta2, soap_kwargs),
+                   _wsd(max_lr, warmup_ratio, hold_ratio, decay_schedule, min_lr, max_steps), clip_grad, precision,
+                   layerwise)
+
+
+@run.cli.factory
+def adamw_with_cosine_annealing(
+    precision: str = "bf16-mixed",
+    warmup_steps: int = 2000,
+    constant_steps: int = 0,
+    max_lr: float = 1e-4,
+    min_lr: float | None = None,
+    weight_decay: float = DEFAULT_WEIGHT_DECAY,
+    adam_beta1: float = 0.9,
+    adam_beta2: float = 0.95,
+    adam_eps: float = 1e-8,
+    clip_grad: float = 1.0,
+    max_steps: int | None = None,
+) -> run.Config[EmergingOptimizerModule]:
+    """Megatron's distributed (ZeRO-1) Adam with decoupled weight decay, warmup and cosine annealing: the AdamW
+    baseline of the Muon/SOAP recipes, built through the same module (NeMo 2.7's own ``MegatronOptimizerModule``
+    passes arguments Megatron-Core 0.16.0 from PyPI does not take)."""
+    fields = {"lr": max_lr, "weight_decay": weight_decay, "betas": (adam_beta1, adam_beta2), "eps": adam_eps}
+    AdamWConfig(**fields)
+    return _module(run.Config(AdamWConfig, **fields), _cosine(max_lr, warmup_steps, constant_steps, min_lr, max_steps),
+                   clip_grad, precision, layerwise=False)
+
+
+def Muon(lr: float, weight_decay: float = DEFAULT_WEIGHT_DECAY, **kwargs: Any) -> run.Config[EmergingOptimizerModule]:  # noqa: N802
+    """Shorthand: `muon_with_cosine_annealing` with ``max_lr=lr`` (a run.Config, like NeMo's optimizer recipes)."""
+    return muon_with_cosine_annealing(max_lr=lr, weight_decay=weight_decay, **kwargs)
+
+
+def SOAP(lr: float, weight_decay: float = DEFAULT_WEIGHT_DECAY, **kwargs: Any) -> run.Config[EmergingOptimizerModule]:  # noqa: N802
+    """Shorthand: `soap_with_cosine_annealing` with ``max_lr=lr``."""
+    return soap_with_cosine_annealing(max_lr=lr, weight_decay=weight_decay, **kwargs)
+
+
+__all__ = [
+    "SOAP", "EmergingOptimizerModule", "MegatronCoreOptimizer", "Muon", "adamw_with_cosine_annealing",
+    "apply_param_group_multipliers",
+    "muon_with_cosine_annealing", "muon_with_wsd", "soap_with_cosine_annealing", "soap_with_wsd",
+]

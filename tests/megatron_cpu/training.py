@@ -102,13 +102,43 @@ def _checkpoint_state(ddp_model, optimizer, *, loading: bool) -> dict:
                                                                          metadata=CHECKPOINT_METADATA)}
 
 
+BUILDS: tuple[str, ...] = ("builder", "nemo2", "nemo2_cosine")
+"""How `train_tiny` builds the optimizer: `nemo_muon.megatron.build.build_megatron_optimizer`, or NeMo 2's way through
+`nemo_muon.megatron.nemo2.EmergingOptimizerModule.optimizers()` (constant lr, or NeMo's warmup + cosine scheduler
+stepped after every optimizer step, as Lightning does)."""
+NEMO2_WARMUP_STEPS, NEMO2_MIN_LR = 2, 1e-3
+
+
+class _ModelChunk:
+    """What NeMo's `MegatronParallel` (a ModuleList of chunks) yields per chunk once its DDP is set up: an object whose
+    ``.module`` is the DDP-wrapped model (all `MegatronOptimizerModule.optimizers` reads of it)."""
+
+    def __init__(self, ddp_model) -> None:
+        self.module = ddp_model
+
+
+def _nemo2_optimizer(opt, ddp_model, build: str, steps: int):
+    """(Megatron optimizer, NeMo's optimizer wrapper, lr scheduler or None) built by our NeMo 2 optimizer module."""
+    from nemo.lightning.pytorch.optim.lr_scheduler import CosineAnnealingScheduler
+
+    from nemo_muon.megatron.nemo2 import EmergingOptimizerModule
+
+    sched = (CosineAnnealingScheduler(max_steps=steps, warmup_steps=NEMO2_WARMUP_STEPS, constant_steps=0,
+                                      min_lr=NEMO2_MIN_LR) if build == "nemo2_cosine" else None)
+    module = EmergingOptimizerModule(opt, lr_scheduler=sched)
+    (wrapper,) = module.optimizers([_ModelChunk(ddp_model)])
+    scheduler = None if sched is None else sched.scheduler(None, wrapper)["lr_scheduler"]["scheduler"]
+    return wrapper.mcore_optimizer, wrapper, scheduler
+
+
 def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str, steps: int,
                without_shims: tuple[str, ...] = (), checkpoint_dir: str | None = None, save_after: int | None = None,
-               resume_at: int | None = None) -> dict[str, Any]:
+               resume_at: int | None = None, build: str = "builder") -> dict[str, Any]:
     """Train ``steps`` steps of the tiny model ``spec_name`` with ``optimizer_name`` ('adamw' or 'muon').
 
     ``save_after``: save a Megatron `dist_checkpointing` checkpoint to ``checkpoint_dir`` after that many steps;
     ``resume_at``: load it first and continue from that step (the batches follow the step number).
+    ``build``: one of `BUILDS`.
     """
     import torch
 
@@ -132,8 +162,12 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
         layer_wise = optimizer_name != "adamw"
         ddp_model = _ddp(model, config, opt, layer_wise)
         ddp_model.broadcast_params()
-        optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection() if layer_wise
-                                                else None)
+        scheduler, checkpointed = None, None
+        if build == "builder":
+            optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection() if layer_wise
+                                                    else None)
+        else:
+            optimizer, checkpointed, scheduler = _nemo2_optimizer(opt, ddp_model, build, steps)
         start = 0
         if resume_at is not None:
             loaded = dist_checkpointing.load(_checkpoint_state(ddp_model, optimizer, loading=True), checkpoint_dir)
@@ -147,6 +181,7 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
         position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
         mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
         losses: list[float] = []
+        lrs: list[float] = []
         for step in range(start, start + steps):
             input_ids, labels = _batch(step, dp_rank, spec.vocab_size)
 
@@ -163,19 +198,24 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             optimizer.zero_grad()
             out = fwd_bwd(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
                           num_microbatches=1, seq_length=SEQ, micro_batch_size=MICRO_BATCH, forward_only=False)
+            lrs.append(optimizer.param_groups[0]["lr"])
             ok, _, _ = optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
             loss = out[0]["lm loss"].reshape(1)
             dist.all_reduce(loss, group=group)
             losses.append(float(loss) / world_size)
             if not ok:
                 raise RuntimeError(f"optimizer step {step} was skipped")
             if save_after is not None and step + 1 == save_after:
-                dist_checkpointing.save(_checkpoint_state(ddp_model, optimizer, loading=False), checkpoint_dir)
+                dist_checkpointing.save(_checkpoint_state(ddp_model, checkpointed or optimizer, loading=False),
+                                        checkpoint_dir)
         flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
         replicas = [torch.zeros_like(flat) for _ in range(world_size)]
         dist.all_gather(replicas, flat, group=group)
         return {
             "losses": losses,
+            "lrs": lrs,
             "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas),
             "num_params": int(flat.numel()),
             "optimizers": [type(o).__name__ for o in getattr(optimizer, "chained_optimizers", [optimizer])],

@@ -1,0 +1,130 @@
+"""NeMo 2.7's optimizer idiom with nemo-muon: `run.Config` optimizer recipes that serialize and keep their schedule,
+and an `EmergingOptimizerModule` whose own ``optimizers()`` builds the optimizer on the Megatron CPU harness.
+
+Runs in the container-stack environment (real NeMo 2.7, NeMo-Run 0.8, Megatron-Core 0.16)."""
+
+from __future__ import annotations
+
+import fiddle as fdl
+import pytest
+from nemo.collections import llm
+from nemo.lightning import io
+from nemo.lightning.pytorch.optim.lr_scheduler import CosineAnnealingScheduler, WarmupHoldAnnealScheduler
+from nemo_run.core.serialization.yaml import YamlSerializer
+from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
+
+import nemo_muon
+from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
+from nemo_muon.megatron import nemo2
+from tests.distributed import run_distributed
+from tests.megatron_cpu.training import LR, NEMO2_MIN_LR, NEMO2_WARMUP_STEPS, train_tiny
+
+RECIPES = {
+    "muon_with_cosine_annealing": (MuonConfig, CosineAnnealingScheduler),
+    "muon_with_wsd": (MuonConfig, WarmupHoldAnnealScheduler),
+    "soap_with_cosine_annealing": (SoapConfig, CosineAnnealingScheduler),
+    "soap_with_wsd": (SoapConfig, WarmupHoldAnnealScheduler),
+    "adamw_with_cosine_annealing": (AdamWConfig, CosineAnnealingScheduler),
+}
+
+
+def _llama_recipe_with(optim):
+    recipe = llm.llama3_8b.pretrain_recipe(name="nm", num_nodes=1, num_gpus_per_node=8)
+    recipe.optim = optim
+    return recipe
+
+
+def test_reachable_from_the_package_root():
+    assert nemo_muon.megatron.nemo2.Muon is nemo2.Muon
+    assert isinstance(nemo2.Muon(lr=2e-4), fdl.Config)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_on_nemos_llama3_8b_serializes_and_keeps_its_schedule(name, tmp_path):
+    config_cls, sched_cls = RECIPES[name]
+    recipe = _llama_recipe_with(getattr(nemo2, name)(max_lr=3e-4, max_steps=1000))
+    yaml_text = YamlSerializer().serialize(recipe.optim)
+    assert "_target_: nemo_muon.megatron.nemo2.EmergingOptimizerModule" in yaml_text
+    assert f"_target_: {sched_cls.__module__}.{sched_cls.__qualname__}" in yaml_text
+    zlib = ZlibJSONSerializer()
+    restored = zlib.deserialize(zlib.serialize(recipe))
+    assert restored.optim == recipe.optim
+    if config_cls is SoapConfig:  # Megatron-Core 0.16 has no SOAP: the module refuses to exist, naming why
+        with pytest.raises(ValueError, match="SOAP needs megatron-core >= 0.18"):
+            fdl.build(restored.optim)
+        return
+    module = fdl.build(restored.optim)
+    assert isinstance(module, nemo2.EmergingOptimizerModule)
+    assert isinstance(module.optimizer_config, config_cls) and module.optimizer_config.lr == 3e-4
+    assert isinstance(module.lr_scheduler, sched_cls) and module.lr_scheduler.max_steps == 1000
+    assert module.config.lr == 3e-4 and module.config.clip_grad == 1.0  # the Megatron config NeMo reads
+    # what NeMo's MegatronStrategy copies into its DDP config: ZeRO-1 Adam off for Muon (whole matrices), on for AdamW
+    assert module.config.use_distributed_optimizer is (config_cls is AdamWConfig)
+    # a checkpoint's context/ (NeMo's io_dump) and back
+    module.io_dump(tmp_path, yaml_attrs=[])
+    loaded = io.load(tmp_path)
+    assert type(loaded) is nemo2.EmergingOptimizerModule and loaded.optimizer_config == module.optimizer_config
+    assert type(loaded.lr_scheduler) is sched_cls and vars(loaded.lr_scheduler) == vars(module.lr_scheduler)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"momentum": 1.5}, "momentum"),
+    ({"tp_mode": "dup"}, "tp_mode must be one of"),
+    ({"precision": "16-mixed"}, "precision must be 'bf16-mixed'"),
+    ({"decay_schedule": "cosine"}, "decay_schedule must be one of ('linear', 'one_minus_square_root'); got 'cosine'"),
+])
+def test_bad_recipe_arguments_are_refused_when_the_recipe_is_made(kwargs, message):
+    recipe = nemo2.muon_with_wsd if "decay_schedule" in kwargs else nemo2.muon_with_cosine_annealing
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        recipe(**kwargs)
+
+
+@pytest.mark.parametrize("name, zero1", [("muon_with_cosine_annealing", True), ("adamw_with_cosine_annealing", False)])
+def test_the_module_refuses_a_ddp_config_its_optimizer_cannot_use(name, zero1):
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    class Chunk:
+        module = type("DDP", (), {"ddp_config": DistributedDataParallelConfig(use_distributed_optimizer=zero1)})()
+
+    module = fdl.build(getattr(nemo2, name)())
+    with pytest.raises(ValueError, match=f"trainer.strategy.ddp.use_distributed_optimizer must be {not zero1} for "
+                                         f"optimizer '{module.optimizer_config.name}'"):
+        module.optimizers([Chunk()])
+
+
+def test_module_builds_the_same_optimizer_as_the_builder_on_the_megatron_harness():
+    """AdamW on Megatron-Core 0.16 through the module's own optimizers(): the loss curve equals the direct build
+    bit for bit (same Megatron optimizer; NeMo's wrapper around it)."""
+    direct = run_distributed(train_tiny, world_size=2, args=("tiny_qwen3_moe", "adamw", 4), timeout_s=240)[0]
+    via_nemo = run_distributed(train_tiny, world_size=2, args=("tiny_qwen3_moe", "adamw", 4, (), None, None, None,
+                                                               "nemo2"), timeout_s=240)[0]
+    assert via_nemo["losses"] == direct["losses"]
+    assert via_nemo["optimizers"] == direct["optimizers"] and via_nemo["replica_max_diff"] == 0.0
+
+
+def test_nemos_scheduler_drives_the_module_built_optimizer():
+    steps = 6
+    result = run_distributed(train_tiny, world_size=2, args=("tiny_qwen3_moe", "adamw", steps, (), None, None, None,
+                                                             "nemo2_cosine"), timeout_s=240)[0]
+    # the reference: NeMo's own CosineAnnealing on a plain torch optimizer, stepped the same way
+    import torch
+    from nemo.core.optim.lr_scheduler import CosineAnnealing
+
+    reference = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=LR)
+    sched = CosineAnnealing(reference, max_steps=steps, warmup_steps=NEMO2_WARMUP_STEPS, constant_steps=0,
+                            min_lr=NEMO2_MIN_LR)
+    expected = []
+    for _ in range(steps):
+        expected.append(reference.param_groups[0]["lr"])
+        reference.step()
+        sched.step()
+    assert expected[0] < expected[NEMO2_WARMUP_STEPS] and expected[-1] < expected[NEMO2_WARMUP_STEPS]  # a schedule
+    assert result["lrs"] == pytest.approx(expected, rel=1e-12)
+    assert result["losses"][-1] < result["losses"][0] and result["replica_max_diff"] == 0.0
+
+
+def test_muon_through_the_module_is_refused_on_this_stack_with_the_fix():
+    with pytest.raises(RuntimeError, match=r"\[mcore016-muon-emerging-optimizers\].*fix: install the "
+                                           r"emerging-optimizers release"):
+        run_distributed(train_tiny, world_size=2, args=("tiny_kimi_k2", "muon", 1, (), None, None, None, "nemo2"),
+                        timeout_s=240)
