@@ -2,11 +2,16 @@
 
 What importing this module registers:
 
-* ``pretrain`` under the namespace ``nemo_muon`` always (``nemo nemo_muon pretrain --factory kimi_k2_muon``), and
-  under ``llm`` only where no other package provides the ``llm`` namespace. Where NeMo 2.7's ``llm`` is installed
-  (NGC 26.02), its entrypoints are left alone and our recipes run through ``nemo nemo_muon pretrain``.
+* ``pretrain`` under the namespace ``nemo_muon`` always (``nemo nemo_muon pretrain --factory kimi_k2_muon``);
+* ``llm pretrain``, in one of two ways:
+  - where another package provides the ``llm`` namespace (NeMo 2.7 in NGC 26.02), its ``pretrain`` entrypoint stays
+    its own and gains our recipes: ``--factory <one of ours>`` runs our recipe, any other ``--factory`` (NeMo's
+    ``llama3_8b``...) or none runs NeMo's command unchanged. The hook is the entrypoint's RunContext class
+    (`LlmPretrainRunContext`), our recipes are listed in its ``--help`` and ``nemo llm --help``;
+  - elsewhere, our own ``pretrain`` under ``llm``;
 * one factory per registered recipe, for each of our pretrain entrypoints (``--factory kimi_k2_muon``);
-* the executor factory ``local`` (``run.executor=local``: LocalExecutor with torchrun, 2 ranks by default).
+* the executor factory ``local`` (``run.executor=local``: LocalExecutor with this interpreter's torchrun, 2 ranks by
+  default), unless another package provides one.
 
 Overrides use NeMo-Run's syntax but are parsed by `nemo_muon.recipes.overrides` (``optim.lr=3e-4``,
 ``trainer.max_steps=100``): a bad key or value exits non-zero with one line listing what is valid. ``--dryrun``
@@ -16,14 +21,18 @@ builds a namespace's commands when the first CLI word is an entry-point name).
 """
 
 import dataclasses
+import os
+import sys
 from collections.abc import Callable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import nemo_run as run
 from nemo_muon.recipes import list_recipes
 from nemo_muon.recipes.execute import build_recipe, describe, pretrain_recipe
-from nemo_run.cli.api import RunContext, RunContextError
+from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, catalogue
+from nemo_run.config import get_type_namespace
 
 ENTRY_POINT_GROUP = "nemo_run.cli"
 OWN_MODULE_PREFIX = "nemo_muon."
@@ -32,10 +41,24 @@ PASSTHROUGH_KEYS: tuple[str, ...] = ("recipe",)
 """Keys NeMo-Run itself must see (the pretrain entrypoint's own argument)."""
 
 
+def _foreign_llm_entry_points() -> list[metadata.EntryPoint]:
+    eps = metadata.entry_points().select(group=ENTRY_POINT_GROUP, name="llm")
+    return sorted((ep for ep in eps if not ep.value.startswith(OWN_MODULE_PREFIX)), key=lambda ep: ep.value)
+
+
 def foreign_llm_providers() -> list[str]:
     """Entry points named ``llm`` in the nemo_run.cli group that belong to another package (e.g. NeMo 2.7)."""
-    eps = metadata.entry_points().select(group=ENTRY_POINT_GROUP, name="llm")
-    return sorted(ep.value for ep in eps if not ep.value.startswith(OWN_MODULE_PREFIX))
+    return [ep.value for ep in _foreign_llm_entry_points()]
+
+
+JOINED_RECIPES: set[str] = set()
+"""Our recipes that another package's ``llm pretrain`` runs as ours (all of them unless it has a factory so named)."""
+
+
+def is_joined_factory(factory: str | None) -> bool:
+    """True if ``--factory`` given to another package's ``llm pretrain`` means one of our recipes (a joined name or
+    ``nemo_muon.recipes.<module>.<recipe>``)."""
+    return bool(factory) and (factory in JOINED_RECIPES or factory.startswith(RECIPES_PACKAGE + "."))
 
 
 def split_cli_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -66,6 +89,22 @@ class RecipeRunContext(RunContext):
         if self.factory and "." not in self.factory and self.factory not in names:
             raise RunContextError(f"--factory must be one of {tuple(names)}; got {self.factory!r}")
         super().cli_execute(fn, passthrough, entrypoint_type)
+
+
+@dataclasses.dataclass(kw_only=True)
+class LlmPretrainRunContext(RecipeRunContext):
+    """The RunContext of another package's ``llm pretrain`` (NeMo 2.7's) once our recipes join it.
+
+    ``--factory <one of ours>`` runs our ``pretrain`` entrypoint (our override parser, our ``--dryrun`` print);
+    any other factory, or none, goes through NeMo-Run's own `RunContext.cli_execute` with the other package's
+    function and arguments, exactly as without nemo-muon.
+    """
+
+    def cli_execute(self, fn: Callable, args: list[str], entrypoint_type: str = "task") -> None:
+        if is_joined_factory(self.factory):
+            super().cli_execute(OWN_PRETRAIN, args, "experiment")
+        else:
+            RunContext.cli_execute(self, fn, args, entrypoint_type)
 
 
 def _check_executor_world(executor: Any, world_size: int) -> None:
@@ -137,12 +176,72 @@ def _register_executor_factories() -> None:
     @run.autoconvert
     def local(ntasks_per_node: int = 2) -> run.LocalExecutor:
         """LocalExecutor launching ``ntasks_per_node`` ranks with torchrun (CPU: gloo; GPU: NCCL)."""
-        return run.LocalExecutor(ntasks_per_node=ntasks_per_node, launcher="torchrun")
+        return run.LocalExecutor(ntasks_per_node=ntasks_per_node, launcher="torchrun",
+                                 env_vars={"PATH": interpreter_path()})
 
 
-NAMESPACES: tuple[str, ...] = ("nemo_muon",) if foreign_llm_providers() else ("nemo_muon", "llm")
-ENTRYPOINTS: list[Callable] = [_make_pretrain(ns) for ns in NAMESPACES]
+def interpreter_path(environ: dict[str, str] | None = None) -> str:
+    """PATH with this interpreter's ``bin`` first: NeMo-Run's torchrun launcher runs ``torchrun`` by name, which must
+    be this environment's even when the virtualenv is not activated (``.venv/bin/nemo llm pretrain ...``)."""
+    path = (os.environ if environ is None else environ).get("PATH", os.defpath)
+    bin_dir = str(Path(sys.executable).parent)
+    return os.pathsep.join([bin_dir, *(p for p in path.split(os.pathsep) if p and p != bin_dir)])
+
+
+def _warn(message: str) -> None:
+    print(f"nemo-muon: {message}", file=sys.stderr)
+
+
+def join_foreign_llm_pretrain(entry_points: list[metadata.EntryPoint], recipes: list[str]) -> Entrypoint | None:
+    """Add our recipes to another package's ``llm pretrain`` (NeMo 2.7's); None, with a warning, where it has none.
+
+    The hook: the other package's function ``pretrain`` carries NeMo-Run's `Entrypoint` (``fn.cli_entrypoint``, set
+    by ``@run.cli.entrypoint``) whose ``run_ctx_cls`` builds the command's RunContext; it becomes
+    `LlmPretrainRunContext`, which hands our factories to our entrypoint and everything else back unchanged.
+    Our factories are also registered for that function, so ``nemo llm pretrain --help`` lists them.
+    """
+    entry = None
+    for ep in entry_points:
+        try:
+            module = ep.load()
+        except Exception as e:  # NeMo-Run reports the other package's import error itself
+            _warn(f"`nemo llm pretrain --factory <nemo-muon recipe>` is unavailable: the llm namespace of {ep.value} "
+                  f"failed to import ({type(e).__name__}: {e}); use `nemo nemo_muon pretrain --factory <recipe>`")
+            return None
+        found = getattr(getattr(module, "pretrain", None), "cli_entrypoint", None)
+        if isinstance(found, Entrypoint) and found.namespace == "llm":
+            entry = found
+            break
+    if entry is None:
+        _warn(f"{', '.join(ep.value for ep in entry_points)} provides the llm namespace without a NeMo-Run "
+              "`pretrain` entrypoint; use `nemo nemo_muon pretrain --factory <recipe>` for nemo-muon recipes")
+        return None
+    if entry.run_ctx_cls is not RunContext and not issubclass(entry.run_ctx_cls, LlmPretrainRunContext):
+        _warn(f"llm pretrain of {entry.fn.__module__} uses its own RunContext ({entry.run_ctx_cls.__qualname__}), "
+              "which nemo-muon does not extend; use `nemo nemo_muon pretrain --factory <recipe>`")
+        return None
+    if entry.run_ctx_cls is RunContext:
+        namespace = get_type_namespace(entry.fn)
+        theirs = [name for name in recipes if catalogue.check_exists(namespace, name)]
+        if theirs:  # never shadow the other package's factories: `--factory <name>` stays theirs
+            _warn(f"{entry.fn.__module__} has factories named like nemo-muon recipes {theirs}: `nemo llm pretrain "
+                  f"--factory` runs theirs; use `nemo nemo_muon pretrain --factory` for ours")
+        joined = [name for name in recipes if name not in theirs]
+        JOINED_RECIPES.update(joined)
+        entry.run_ctx_cls = LlmPretrainRunContext
+        first, sep, rest = entry.help_str.partition("\n")
+        entry.help_str = (f"{first} (also nemo-muon's recipes: --factory kimi_k2_muon, ...){sep}{rest}"
+                          f"\n\nnemo-muon recipes (--factory): {', '.join(joined)}")
+        for name in joined:
+            run.cli.factory(_make_factory(name, OWN_PRETRAIN), target=entry.fn, name=name)
+    return entry
+
+
+FOREIGN_LLM = _foreign_llm_entry_points()
+OWN_PRETRAIN: Callable = _make_pretrain("nemo_muon")
+ENTRYPOINTS: list[Callable] = [OWN_PRETRAIN] if FOREIGN_LLM else [OWN_PRETRAIN, _make_pretrain("llm")]
 for _name in list_recipes():
     for _entrypoint in ENTRYPOINTS:
         run.cli.factory(_make_factory(_name, _entrypoint), target=_entrypoint, name=_name)
+JOINED_LLM_PRETRAIN: Entrypoint | None = join_foreign_llm_pretrain(FOREIGN_LLM, list_recipes()) if FOREIGN_LLM else None
 _register_executor_factories()

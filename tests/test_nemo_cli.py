@@ -2,8 +2,8 @@
 
 The `llm` namespace is served by nemo-muon's `nemo_run.cli` entry point named ``llm``. If the installed metadata
 lacks it, `llm_entry_point_path` adds a dist-info declaring exactly that entry point to PYTHONPATH, so these tests
-exercise the same lookup NeMo-Run does. Coexistence with NeMo 2.7 is proven with a second package that registers
-its own ``llm`` namespace, installed with `pip install --no-deps --target`.
+exercise the same lookup NeMo-Run does. With NeMo 2.7's own ``llm`` namespace (our recipes join its ``pretrain``):
+tests/container_stack/test_nemo_llm_beside_nemo.py, against the real NeMo.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from importlib import metadata
 from pathlib import Path
 
@@ -40,9 +39,12 @@ def llm_entry_point_path(tmp_path_factory) -> str:
 
 
 def nemo(args: list[str], *, pythonpath: list[str], home: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NEMORUN_HOME": str(home), "OMP_NUM_THREADS": "1",
-           "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    """The real `nemo` command of this environment, run as `.venv/bin/nemo ...` without the venv on PATH (not
+    activated: the local executor must still find this environment's torchrun)."""
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != VENV_BIN)
+    env = {**os.environ, "NEMORUN_HOME": str(home), "OMP_NUM_THREADS": "1", "PATH": path or os.defpath,
            "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p)}
+    env.pop("VIRTUAL_ENV", None)
     return subprocess.run([NEMO, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -84,55 +86,6 @@ def test_every_factory_dryruns_in_process(llm_entry_point_path, monkeypatch, tmp
     assert dotted.exit_code == 0 and "# qwen3_30b_a3b_soap: 8 x gb300" in dotted.output
     unknown = runner.invoke(app, ["nemo_muon", "pretrain", "--factory", "kimi_k2_moun", "--yes"])
     assert unknown.exit_code == 1 and "--factory must be one of (" in unknown.output
-
-
-FAKE_LLM = {
-    "pyproject.toml": """
-        [build-system]
-        requires = ["setuptools"]
-        build-backend = "setuptools.build_meta"
-        [project]
-        name = "fakellm"
-        version = "2.7.0"
-        [project.entry-points."nemo_run.cli"]
-        llm = "fakellm"
-        [tool.setuptools]
-        packages = ["fakellm"]
-    """,
-    "fakellm/__init__.py": """
-        import nemo_run as run
-
-        @run.cli.entrypoint(namespace="llm")
-        def pretrain(model: str = "gpt", max_steps: int = 1) -> None:
-            print(f"FAKELLM pretrain model={model} max_steps={max_steps}")
-    """,
-}
-
-
-@pytest.fixture(scope="module")
-def fake_llm_provider(tmp_path_factory) -> str:
-    """A second package registering the `llm` namespace (like NeMo 2.7), installed into its own target dir."""
-    src, target = tmp_path_factory.mktemp("fakellm_src"), tmp_path_factory.mktemp("fakellm_target")
-    for rel, text in FAKE_LLM.items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_text(textwrap.dedent(text))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
-                    str(target), str(src)], check=True, timeout=300, capture_output=True)
-    return str(target)
-
-
-def test_coexists_with_another_llm_namespace(llm_entry_point_path, fake_llm_provider, tmp_path):
-    path = [fake_llm_provider, llm_entry_point_path]
-    theirs = nemo(["llm", "pretrain", "max_steps=3", "--yes"], pythonpath=path, home=tmp_path)
-    assert theirs.returncode == 0, theirs.stderr[-3000:]
-    assert "FAKELLM pretrain model=gpt max_steps=3" in theirs.stdout  # their entrypoint, not overridden by ours
-    ours = nemo(["nemo_muon", "pretrain", "--factory", "qwen3_30b_a3b_muon", "--dryrun", "--yes"], pythonpath=path,
-                home=tmp_path)
-    assert ours.returncode == 0, ours.stderr[-3000:]
-    assert "qwen3_30b_a3b_muon: 8 x gb300 (2 nodes x 4), TP1 PP1 VP1 CP1 EP8 ETP1 DP8, GBS 512 MBS 8" in ours.stdout
-    helped = nemo(["--help"], pythonpath=path, home=tmp_path)
-    assert helped.returncode == 0 and "Couldn't load" not in helped.stdout + helped.stderr
-    assert "llm" in helped.stdout and "nemo_muon" in helped.stdout and "Traceback" not in helped.stderr
 
 
 def test_tiny_recipe_trains_two_cpu_ranks_through_the_local_executor(llm_entry_point_path, tmp_path):
