@@ -61,8 +61,10 @@ def stack_problems(versions: Mapping[str, str | None]) -> list[StackProblem]:
     if nemo is not None and nemo[:2] == (2, 7) and mcore is not None and mcore[:2] >= (0, 19):
         problems.append(StackProblem(
             "nemo27-mcore019", None,
-            f"nemo-toolkit {versions[NEMO]} does not run on megatron-core {versions[MCORE]} (measured with 2.7.3 and "
-            "0.19.2): NeMo 2.7 is built against Megatron-Core 0.16",
+            f"nemo-toolkit {versions[NEMO]} does not run on megatron-core {versions[MCORE]} (measured with 2.7.0, "
+            "2.7.3 and 0.19.2): NeMo 2.7 is built against Megatron-Core 0.16; `from nemo.collections import llm` "
+            "fails importing megatron.core.inference.model_inference_wrappers.inference_wrapper_config, which 0.19 "
+            "removed",
             "install megatron-core 0.16.x beside NeMo 2.7 (the NGC 26.02 stack)"))
     return problems
 
