@@ -21,6 +21,7 @@ builds a namespace's commands when the first CLI word is an entry-point name).
 """
 
 import dataclasses
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -234,7 +235,16 @@ def join_foreign_llm_pretrain(entry_points: list[metadata.EntryPoint], recipes: 
                           f"\n\nnemo-muon recipes (--factory): {', '.join(joined)}")
         for name in joined:
             run.cli.factory(_make_factory(name, OWN_PRETRAIN), target=entry.fn, name=name)
+        _register_nemo2_optimizer_recipes()
     return entry
+
+
+def _register_nemo2_optimizer_recipes() -> None:
+    """Our NeMo 2 optimizer recipes as NeMo-Run factories (``optim=muon_with_cosine_annealing`` for NeMo's recipes)."""
+    try:
+        importlib.import_module("nemo_muon.megatron.nemo2")
+    except ImportError as e:
+        _warn(f"optim=muon_with_cosine_annealing and the other NeMo 2 optimizer recipes are unavailable: {e}")
 
 
 FOREIGN_LLM = _foreign_llm_entry_points()

@@ -38,6 +38,7 @@ from nemo_muon.megatron.optimizer_config import (
 try:
     import nemo_run as run
     from nemo.core.optim import McoreDistributedOptimizer
+    from nemo.lightning.pytorch.optim.base import OptimizerModule
     from nemo.lightning.pytorch.optim.lr_scheduler import CosineAnnealingScheduler, WarmupHoldAnnealScheduler
     from nemo.lightning.pytorch.optim.megatron import MegatronOptimizerModule
 except ImportError as e:  # pragma: no cover - exercised in environments without NeMo
@@ -122,6 +123,12 @@ class EmergingOptimizerModule(MegatronOptimizerModule):
         return [MegatronCoreOptimizer(mcore_opt)]
 
 
+def optimizer_recipe(fn: Any) -> Any:
+    """Register an optimizer recipe with NeMo-Run for NeMo's ``optim`` arguments (annotated `OptimizerModule`), so
+    ``nemo llm pretrain --factory llama3_8b optim=muon_with_cosine_annealing`` finds it."""
+    return run.cli.factory(fn, target=OptimizerModule)
+
+
 def _module(optimizer: run.Config, sched: run.Config, clip_grad: float, precision: str,
             layerwise: bool) -> run.Config[EmergingOptimizerModule]:
     if precision != "bf16-mixed":
@@ -170,7 +177,7 @@ def _soap_config(max_lr: float, weight_decay: float, adam_beta1: float, adam_bet
     return run.Config(SoapConfig, **fields)
 
 
-@run.cli.factory
+@optimizer_recipe
 def muon_with_cosine_annealing(
     precision: str = "bf16-mixed",
     warmup_steps: int = 2000,
@@ -194,7 +201,7 @@ def muon_with_cosine_annealing(
                    _cosine(max_lr, warmup_steps, constant_steps, min_lr, max_steps), clip_grad, precision, layerwise)
 
 
-@run.cli.factory
+@optimizer_recipe
 def muon_with_wsd(
     precision: str = "bf16-mixed",
     warmup_ratio: float = 0.01,
@@ -220,7 +227,7 @@ def muon_with_wsd(
                    layerwise)
 
 
-@run.cli.factory
+@optimizer_recipe
 def soap_with_cosine_annealing(
     precision: str = "bf16-mixed",
     warmup_steps: int = 2000,
@@ -240,7 +247,7 @@ def soap_with_cosine_annealing(
                    _cosine(max_lr, warmup_steps, constant_steps, min_lr, max_steps), clip_grad, precision, layerwise)
 
 
-@run.cli.factory
+@optimizer_recipe
 def soap_with_wsd(
     precision: str = "bf16-mixed",
     warmup_ratio: float = 0.01,
@@ -262,7 +269,7 @@ def soap_with_wsd(
                    layerwise)
 
 
-@run.cli.factory
+@optimizer_recipe
 def adamw_with_cosine_annealing(
     precision: str = "bf16-mixed",
     warmup_steps: int = 2000,

@@ -76,6 +76,15 @@ def test_nemos_factory_still_prints_nemos_recipe(nemo_cli):
     assert "LlamaModel(config=Llama3Config8B())" in out.output and "MegatronOptimizerModule(" in out.output
 
 
+def test_nemos_recipe_takes_our_optimizer_recipe_from_the_command_line(nemo_cli):
+    out = nemo_cli("llm", "pretrain", "--factory", "llama3_8b", "optim=muon_with_cosine_annealing",
+                   "optim.lr_scheduler.warmup_steps=7", "--dryrun", "--yes")
+    assert out.exit_code == 0, out.output[-3000:]
+    text = " ".join(out.output.replace("│", " ").split())
+    assert "optim EmergingOptimizerModule( optimizer=MuonConfig(" in text
+    assert "lr_scheduler=CosineAnnealingScheduler(warmup_steps=7," in text and "LlamaModel(" in text
+
+
 def test_help_shows_both(nemo_cli):
     group = nemo_cli("llm", "--help")
     assert group.exit_code == 0 and "also nemo-muon's recipes" in group.output and "finetune" in group.output
