@@ -153,15 +153,20 @@ def evaluate(facts: Facts, release: Any, *, recipe_env: Mapping[str, str] | None
 
 def _stack_checks(facts: Facts) -> list[Check]:
     """The known-broken version combinations (nemo_muon.megatron.stack) among the installed distributions."""
-    from nemo_muon.megatron.stack import stack_problems
+    from nemo_muon.megatron.stack import DEFAULT_ENGINE, stack_problems
 
     problems = stack_problems(facts.distributions)
     if not problems:
         return [Check(name="stack", status="ok", detail="no known-broken Megatron-Core / emerging-optimizers / NeMo "
                                                          "combination")]
-    return [Check(name=f"stack:{p.rule}", status="fail",
-                  detail=(f"{p.optimizer} cannot run: " if p.optimizer else "") + p.message, fix=p.fix)
-            for p in problems]
+    checks = []
+    for p in problems:
+        # a break of a non-default Muon engine does not stop what recipes run by default: warn, naming the engine
+        non_default = p.engine is not None and p.engine != DEFAULT_ENGINE
+        who = (f"{p.optimizer} " if p.optimizer else "") + (f"with engine {p.engine!r} " if p.engine else "")
+        checks.append(Check(name=f"stack:{p.rule}", status="warn" if non_default else "fail",
+                            detail=(f"{who}cannot run: " if who else "") + p.message, fix=p.fix))
+    return checks
 
 
 def _syrk_check(facts: Facts) -> Check:

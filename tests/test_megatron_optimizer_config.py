@@ -22,9 +22,15 @@ MEGATRON_MUON = MEGATRON_MUON_DEFAULTS
 # ---------------------------------------------------------------- megatron-core 0.19.2 (installed)
 
 def test_muon_maps_to_real_019_config_with_traps_fixed():
-    cfg, spec = to_megatron_optimizer_config(MuonConfig(lr=2e-4, weight_decay=0.1, **MEGATRON_MUON), grad_clip=0.5)
+    cfg, spec = to_megatron_optimizer_config(MuonConfig(lr=2e-4, weight_decay=0.1, engine="megatron", **MEGATRON_MUON),
+                                             grad_clip=0.5)
     assert isinstance(cfg, MCoreOptimizerConfig)
     assert spec.api == API_018 and spec.builder == "get_megatron_optimizer" and spec.bridge_optimizer == "dist_muon"
+    ours = to_megatron_optimizer_config(MuonConfig(lr=2e-4, weight_decay=0.1, **MEGATRON_MUON), grad_clip=0.5)
+    assert ours[1].builder == "nemo_muon" and ours[0] == cfg  # the same Megatron config, our Muon built inside it
+    with pytest.raises(ValueError, match="muon.engine='nemo_muon' cannot be honoured by Megatron-Core: nemo-muon's "
+                                         "Muon runs inside Megatron's layer-wise"):
+        to_megatron_optimizer_config(MuonConfig(**MEGATRON_MUON), layerwise=False)
     assert (cfg.optimizer, cfg.use_layer_wise_distributed_optimizer, cfg.use_distributed_optimizer) == (
         "muon", True, False)
     # traps: momentum 0.95 and Nesterov explicit, TP mode duplicated (Megatron's default is blockwise),
@@ -46,7 +52,7 @@ def test_match_rms_adamw_becomes_spectral_times_0_2():
 
 
 def test_non_layerwise_muon_and_adamw():
-    cfg, spec = to_megatron_optimizer_config(MuonConfig(**MEGATRON_MUON), layerwise=False)
+    cfg, spec = to_megatron_optimizer_config(MuonConfig(engine="megatron", **MEGATRON_MUON), layerwise=False)
     assert cfg.use_layer_wise_distributed_optimizer is False and spec.bridge_optimizer == "muon"
     cfg, spec = to_megatron_optimizer_config(AdamWConfig(betas=(0.9, 0.98), eps=1e-5, weight_decay=0.05))
     assert (cfg.optimizer, cfg.use_distributed_optimizer, cfg.decoupled_weight_decay) == ("adam", True, True)

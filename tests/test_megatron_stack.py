@@ -3,6 +3,8 @@ be true against the real libraries in tests/container_stack)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from nemo_muon.recipes import get_recipe
 
@@ -26,6 +28,19 @@ def test_rules_fire_exactly_on_the_known_breaks(versions, rules):
     assert _rules(**versions) == rules
 
 
+def test_megatrons_own_muon_breaks_are_engine_specific():
+    """0.16 + emerging-optimizers 0.3.0 stops Megatron-Core's own Muon, not nemo-muon's inside Megatron's layer-wise
+    optimizer (the default engine); SOAP and NeMo 2.7 + 0.19 stop every engine."""
+    versions = {stack.MCORE: "0.16.0", stack.EMERGING_OPTIMIZERS: "0.3.0", stack.NEMO: None}
+    assert stack.problems_for_optimizer("muon", versions) == []
+    assert [p.rule for p in stack.problems_for_optimizer("muon", versions, engine="megatron")] == [
+        "mcore016-muon-emerging-optimizers"]
+    assert [p.rule for p in stack.problems_for_optimizer("soap", versions)] == ["mcore-soap"]
+    with pytest.raises(ValueError, match=r"optimizer.name='muon' with optimizer.engine='megatron' cannot run on x:\n"
+                                         r"  - \[mcore016-muon-emerging-optimizers\].*fix: use optimizer.engine=nemo_muon"):
+        stack.check_stack("muon", versions, where="x", engine="megatron")
+
+
 def test_a_bad_version_string_is_named():
     with pytest.raises(ValueError, match="version"):
         stack.stack_problems({stack.MCORE: "main"})
@@ -34,8 +49,13 @@ def test_a_bad_version_string_is_named():
 def test_without_megatron_installed_the_release_stack_is_judged(monkeypatch):
     monkeypatch.setattr(stack, "installed_versions", lambda: dict.fromkeys(stack.CHECKED_DISTRIBUTIONS))
     monkeypatch.setenv("NEMO_MUON_RELEASE", "26.02")
+    stack.check_recipe_stack(get_recipe("kimi_k2_muon"))  # engine nemo_muon: runs on 26.02
+    own = get_recipe("kimi_k2_muon")
+    own = own.replace(optimizer=dataclasses.replace(own.optimizer, engine="megatron"))
     with pytest.raises(ValueError, match=r"cannot run on the nemo:26.02 container stack:\n  - \[mcore016-muon"):
-        stack.check_recipe_stack(get_recipe("kimi_k2_muon"))
+        stack.check_recipe_stack(own)
+    with pytest.raises(ValueError, match=r"cannot run on the nemo:26.02 container stack:\n  - \[mcore-soap\]"):
+        stack.check_recipe_stack(get_recipe("kimi_k2_soap"))
     stack.check_recipe_stack(get_recipe("kimi_k2_adamw"))
     stack.check_recipe_stack(get_recipe("tiny_kimi_k2_muon"))  # torch backend: no Megatron involved
     monkeypatch.setenv("NEMO_MUON_RELEASE", "26.06")  # Megatron-Core 0.18: Muon and SOAP both build

@@ -17,12 +17,16 @@ ScaleMode = Literal["spectral", "shape_scaling", "unit_rms_norm", "match_rms_ada
 TPMode = Literal["duplicated", "distributed", "blockwise", "auto"]
 NSPrecision = Literal["fp32", "bf16"]
 NonFinitePolicy = Literal["skip", "raise"]
+MegatronEngine = Literal["nemo_muon", "megatron"]
 
 COEFFICIENT_SETS: tuple[str, ...] = ("simple", "quintic", "polar_express")
 SCALE_MODES: tuple[str, ...] = ("spectral", "shape_scaling", "unit_rms_norm", "match_rms_adamw")
 TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise", "auto")
 NS_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 NONFINITE_POLICIES: tuple[str, ...] = ("skip", "raise")
+MEGATRON_ENGINES: tuple[str, ...] = ("nemo_muon", "megatron")
+MEGATRON_BACKEND_ONLY = "megatron_backend_only"
+"""Field metadata key: the field chooses how the megatron backend builds the optimizer; no optimizer-class kwarg."""
 DEFAULT_WEIGHT_DECAY = 0.1
 """The one weight-decay default of every optimizer config and optimizer class (Bridge's recipes and torch.optim.Muon
 use 0.1; Moonlight found weight decay essential for Muon at scale)."""
@@ -53,8 +57,9 @@ class _BaseOptimizerConfig:
         check_range(f"{self.name}.weight_decay", self.weight_decay, low=0.0)
 
     def optimizer_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for the optimizer class (every field except `name`)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        """Keyword arguments for the optimizer class (every field except `name` and the megatron backend's)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.init and not f.metadata.get(MEGATRON_BACKEND_ONLY)}
 
 
 @dataclass(kw_only=True)
@@ -88,6 +93,10 @@ class MuonConfig(_BaseOptimizerConfig):
     adamw_eps: float = 1e-8
     nonfinite: NonFinitePolicy = "skip"
     """A non-finite gradient anywhere skips the whole step (and is reported) or raises."""
+    engine: MegatronEngine = dataclasses.field(default="nemo_muon", metadata={MEGATRON_BACKEND_ONLY: True})
+    """Megatron backend only: whose Muon updates the matrices inside Megatron-Core's layer-wise distributed optimizer:
+    'nemo_muon' (this package's Muon, on Megatron-Core 0.16 and 0.18+) or 'megatron' (Megatron-Core's own
+    TensorParallelMuon). The torch backend always runs this package's Muon and refuses 'megatron'."""
 
     name: str = dataclasses.field(default="muon", init=False)
 
@@ -105,6 +114,7 @@ class MuonConfig(_BaseOptimizerConfig):
         _check_betas("muon.adamw_betas", self.adamw_betas)
         check_range("muon.adamw_eps", self.adamw_eps, low=0.0, low_inclusive=False)
         check_choice("muon.nonfinite", self.nonfinite, NONFINITE_POLICIES)
+        check_choice("muon.engine", self.engine, MEGATRON_ENGINES)
 
 
 @dataclass(kw_only=True)

@@ -261,6 +261,12 @@ class TrainingRecipe:
                         self.data, self.precision, self.checkpoint, self.logging):
             section.validate()
         check_choice("recipe.backend", self.backend, BACKENDS)
+        if self.backend == "torch" and getattr(self.optimizer, "engine", "nemo_muon") != "nemo_muon":
+            raise ValueError(f"optimizer.engine={self.optimizer.engine!r} needs backend='megatron' (the torch backend "
+                             "always runs nemo-muon's Muon); set optimizer.engine=nemo_muon or backend=megatron")
+        if self.backend == "megatron" and getattr(self.optimizer, "engine", None) == "nemo_muon" and not self.layerwise:
+            raise ValueError("optimizer.engine='nemo_muon' runs inside Megatron's layer-wise distributed optimizer; got "
+                             "layerwise=False: set layerwise=true, or optimizer.engine=megatron")
         check_range("recipe.qk_clip_threshold", self.qk_clip_threshold, low=0.0, low_inclusive=False)
         check_range("recipe.qk_clip_alpha", self.qk_clip_alpha, low=0.0, high=1.0)
         for k, v in self.env.items():

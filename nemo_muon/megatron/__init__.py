@@ -5,6 +5,8 @@ of Megatron-Core, Bridge or NeMo:
 
 * `optimizer_config`: our optimizer configs -> Megatron-Core's `OptimizerConfig` (both API generations);
 * `build`: the Megatron optimizer of a config over DDP-wrapped model chunks;
+* `registration`: nemo-muon's Muon inside Megatron-Core's layer-wise distributed optimizer (engine 'nemo_muon');
+* `bridge_hook`: Megatron-Bridge 0.3's optimizer setup building that engine;
 * `stack`: which installed stacks can build which optimizer;
 * `model_config`, `bridge`: Megatron-Bridge configs of the recipes;
 * `nemo2`: NeMo 2.7 optimizer modules and optimizer recipes (needs NeMo).
@@ -15,7 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-SUBMODULES: tuple[str, ...] = ("bridge", "build", "model_config", "nemo2", "optimizer_config", "stack")
+SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "build", "model_config", "nemo2", "optimizer_config",
+                               "registration", "stack")
 
 
 def __getattr__(name: str) -> Any:

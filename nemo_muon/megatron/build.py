@@ -13,11 +13,12 @@ from typing import Any
 from nemo_muon.config.optimizer import OptimizerConfig
 from nemo_muon.megatron.optimizer_config import (
     API_016,
+    BUILDER_NEMO_MUON,
     MegatronOptimizerSpec,
     ddp_flags,
     to_megatron_optimizer_config,
 )
-from nemo_muon.megatron.stack import check_installed_stack
+from nemo_muon.megatron.stack import check_installed_stack, optimizer_engine
 
 
 def ddp_config_kwargs(opt: OptimizerConfig) -> dict[str, Any]:
@@ -52,7 +53,15 @@ def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: Megatron
     ``pg_collection`` (a `ProcessGroupCollection` with ``dp_cp`` and ``expt_dp`` set) is required by the layer-wise
     optimizer of Megatron-Core >= 0.18 and passed explicitly; no process group is looked up here.
     """
-    check_installed_stack(opt.name)
+    check_installed_stack(opt.name, optimizer_engine(opt))
+    if spec.builder == BUILDER_NEMO_MUON:
+        from nemo_muon.megatron import registration
+
+        if pg_collection is None:
+            raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
+                             "optimizer; got None")
+        build = registration.build_layer_wise_016 if spec.api == API_016 else registration.build_layer_wise_018
+        return build(config, model_chunks, pg_collection)
     if spec.api == API_016 and spec.builder == "get_megatron_muon_optimizer":
         from megatron.core.optimizer.muon import get_megatron_muon_optimizer
 
@@ -78,6 +87,6 @@ def build_megatron_optimizer(
 ) -> tuple[Any, Any]:
     """(Megatron optimizer, its `OptimizerConfig`) for DDP-wrapped ``model_chunks`` (see `build_from_megatron_config`).
     """
-    check_installed_stack(opt.name)
+    check_installed_stack(opt.name, optimizer_engine(opt))
     config, spec = to_megatron_optimizer_config(opt, grad_clip=grad_clip, bf16=bf16, layerwise=layerwise)
     return build_from_megatron_config(opt, config, spec, model_chunks, pg_collection=pg_collection), config

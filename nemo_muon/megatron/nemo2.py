@@ -115,8 +115,10 @@ class EmergingOptimizerModule(MegatronOptimizerModule):
                     f"{self.optimizer_config.name!r} ({'ZeRO-1 Adam' if want else 'whole matrices per DP rank'}); "
                     f"got {have} (NeMo's MegatronStrategy copies it from optim.config.use_distributed_optimizer="
                     f"{self.config.use_distributed_optimizer}; something changed it afterwards)")
-        pg_collection = mpu_process_groups() if self.spec.layer_wise and self.spec.builder == "get_megatron_optimizer" \
-            else None
+        # the layer-wise optimizer's groups come from Megatron's parallel_state, which NeMo's strategy initialized
+        # (Megatron-Core 0.16's own Muon builder reads them itself)
+        pg_collection = (mpu_process_groups()
+                         if self.spec.layer_wise and self.spec.builder != "get_megatron_muon_optimizer" else None)
         mcore_opt = build_from_megatron_config(self.optimizer_config, self.config, self.spec, chunks,
                                                pg_collection=pg_collection)
         apply_param_group_multipliers(mcore_opt.param_groups)

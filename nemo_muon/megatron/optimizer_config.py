@@ -38,6 +38,10 @@ MATCH_RMS_ADAMW_FACTOR = 0.2
 """match_rms_adamw = spectral sqrt(max(m, n)) x 0.2: mapped to spectral with extra_scale_factor x 0.2 (exact)."""
 SOAP_FIXED_EPS = 1e-8
 """Megatron-Core passes no eps to emerging_optimizers.soap.SOAP, so its default (1e-8) is the only honoured value."""
+ENGINE_NEMO_MUON = "nemo_muon"
+BUILDER_NEMO_MUON = "nemo_muon"
+"""`MegatronOptimizerSpec.builder` of engine 'nemo_muon': `nemo_muon.megatron.registration` (our Muon inside
+Megatron's layer-wise optimizer); the others name Megatron-Core's own builder functions."""
 LEGACY_COEFFICIENTS = "quintic"
 """0.16's TensorParallelMuon always uses the quintic coefficient schedule (no config field)."""
 MEGATRON_MUON_DEFAULTS: dict[str, Any] = {"split_gate_up": False, "nonfinite": "raise"}
@@ -54,7 +58,8 @@ class MegatronOptimizerSpec:
     kwargs: dict[str, Any]
     """Keyword arguments of megatron.core.optimizer.OptimizerConfig."""
     builder: str
-    """'get_megatron_optimizer' or 'get_megatron_muon_optimizer' (0.16 Muon)."""
+    """'get_megatron_optimizer', 'get_megatron_muon_optimizer' (0.16 Muon) or 'nemo_muon' (our Muon inside Megatron's
+    layer-wise optimizer, `nemo_muon.megatron.registration`)."""
     layer_wise: bool
     """Whole matrices per DP rank (LayerWiseDistributedOptimizer)."""
     bridge_optimizer: str
@@ -164,11 +169,17 @@ def megatron_optimizer_spec(
         return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", False, "adam")
     if isinstance(opt, MuonConfig):
         kw.update(_muon(opt, api, fields))
+        ours = opt.engine == ENGINE_NEMO_MUON
+        if ours and not layerwise:
+            raise _refuse("muon.engine", opt.engine, "nemo-muon's Muon runs inside Megatron's layer-wise distributed "
+                          "optimizer; keep layerwise on, or set optimizer.engine=megatron")
         if api == API_016:
             kw.update(optimizer="dist_muon" if layerwise else "muon", use_distributed_optimizer=False)
-            return MegatronOptimizerSpec(api, kw, "get_megatron_muon_optimizer", layerwise, kw["optimizer"])
+            builder = BUILDER_NEMO_MUON if ours else "get_megatron_muon_optimizer"
+            return MegatronOptimizerSpec(api, kw, builder, layerwise, kw["optimizer"])
         kw.update(optimizer="muon", use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=layerwise)
-        return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", layerwise, "dist_muon" if layerwise else "muon")
+        builder = BUILDER_NEMO_MUON if ours else "get_megatron_optimizer"
+        return MegatronOptimizerSpec(api, kw, builder, layerwise, "dist_muon" if layerwise else "muon")
     if isinstance(opt, SoapConfig):
         kw.update(_soap(opt, api, soap_has_precondition_frequency=soap_has_precondition_frequency))
         kw.update(optimizer="soap", use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=layerwise)

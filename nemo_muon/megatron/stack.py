@@ -32,6 +32,8 @@ class StackProblem:
     """What breaks and where."""
     fix: str
     """Which package to change, to what."""
+    engine: str | None = None
+    """The Muon engine it breaks ('megatron' = Megatron-Core's own Muon); None = whichever engine."""
 
 
 def stack_problems(versions: Mapping[str, str | None]) -> list[StackProblem]:
@@ -48,11 +50,13 @@ def stack_problems(versions: Mapping[str, str | None]) -> list[StackProblem]:
                 f"{versions[EMERGING_OPTIMIZERS]}: megatron/core/optimizer/muon.py passes use_nesterov= to "
                 "OrthogonalizedOptimizer, whose keyword is nesterov= since emerging-optimizers 0.2 (TypeError when "
                 "the optimizer is built)",
-                f"{eo_016}, or use a Megatron-Core >= 0.18 stack (NGC 26.06), or train with AdamW on this stack"))
+                f"use optimizer.engine=nemo_muon (nemo-muon's Muon inside Megatron's layer-wise optimizer), or "
+                f"{eo_016}, or use a Megatron-Core >= 0.18 stack (NGC 26.06)", engine="megatron"))
         if eo is None:
             problems.append(StackProblem(
                 "mcore016-muon-no-emerging-optimizers", "muon",
-                f"megatron-core {versions[MCORE]}'s Muon needs emerging-optimizers, which is not installed", eo_016))
+                f"megatron-core {versions[MCORE]}'s Muon needs emerging-optimizers, which is not installed",
+                f"use optimizer.engine=nemo_muon, or {eo_016}", engine="megatron"))
     if mcore is not None and mcore[:2] < (0, 18):
         problems.append(StackProblem(
             "mcore-soap", "soap",
@@ -87,22 +91,35 @@ def release_versions(tag: str) -> dict[str, str | None]:
     return {dist: documented.get(dist) for dist in CHECKED_DISTRIBUTIONS}
 
 
-def problems_for_optimizer(optimizer: str, versions: Mapping[str, str | None]) -> list[StackProblem]:
-    """The problems that stop ``optimizer`` ('muon', 'soap', 'adamw') on ``versions``."""
-    return [p for p in stack_problems(versions) if p.optimizer in (None, optimizer)]
+DEFAULT_ENGINE = "nemo_muon"
+"""`MuonConfig.engine`'s default: what a recipe that does not choose runs."""
 
 
-def check_stack(optimizer: str, versions: Mapping[str, str | None], *, where: str) -> None:
+def optimizer_engine(opt) -> str | None:  # noqa: ANN001 - an optimizer config (kept import-free)
+    """The Muon engine of an optimizer config ('nemo_muon' / 'megatron'); None for optimizers without one."""
+    return getattr(opt, "engine", None)
+
+
+def problems_for_optimizer(optimizer: str, versions: Mapping[str, str | None], *,
+                           engine: str | None = DEFAULT_ENGINE) -> list[StackProblem]:
+    """The problems that stop ``optimizer`` ('muon', 'soap', 'adamw') with ``engine`` on ``versions``."""
+    return [p for p in stack_problems(versions)
+            if p.optimizer in (None, optimizer) and (p.engine is None or (optimizer == "muon" and p.engine == engine))]
+
+
+def check_stack(optimizer: str, versions: Mapping[str, str | None], *, where: str,
+                engine: str | None = DEFAULT_ENGINE) -> None:
     """Raise a ValueError naming every problem that stops ``optimizer`` on ``versions`` (``where`` says which stack)."""
-    problems = problems_for_optimizer(optimizer, versions)
+    problems = problems_for_optimizer(optimizer, versions, engine=engine)
     if problems:
         lines = "\n".join(f"  - [{p.rule}] {p.message}; fix: {p.fix}" for p in problems)
-        raise ValueError(f"optimizer.name={optimizer!r} cannot run on {where}:\n{lines}")
+        shown = f"optimizer.name={optimizer!r}" + (f" with optimizer.engine={engine!r}" if optimizer == "muon" else "")
+        raise ValueError(f"{shown} cannot run on {where}:\n{lines}")
 
 
-def check_installed_stack(optimizer: str) -> None:
+def check_installed_stack(optimizer: str, engine: str | None = DEFAULT_ENGINE) -> None:
     """Refuse ``optimizer`` ('muon', 'soap', 'adamw') where the installed Megatron-Core stack cannot build it."""
-    check_stack(optimizer, installed_versions(), where="the installed stack")
+    check_stack(optimizer, installed_versions(), where="the installed stack", engine=engine)
 
 
 def check_recipe_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept import-free)
@@ -113,11 +130,12 @@ def check_recipe_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept
     """
     if recipe.backend != "megatron":
         return
+    engine = optimizer_engine(recipe.optimizer)
     if installed_versions()[MCORE] is not None:
-        check_installed_stack(recipe.optimizer.name)
+        check_installed_stack(recipe.optimizer.name, engine)
         return
     tag = current_release().tag
-    check_stack(recipe.optimizer.name, release_versions(tag), where=f"the nemo:{tag} container stack")
+    check_stack(recipe.optimizer.name, release_versions(tag), where=f"the nemo:{tag} container stack", engine=engine)
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -142,8 +160,9 @@ def _main(argv: list[str] | None = None) -> int:
     shown = ", ".join(f"{k} {v}" for k, v in versions.items() if v is not None) or "none of " + ", ".join(versions)
     print(f"nemo_muon.megatron.stack: {shown}")
     for p in problems:
-        print(f"  [{p.rule}] {p.optimizer or 'any optimizer'} cannot run: {p.message}; fix: {p.fix}")
-    blocked = sorted({o for o in required for p in problems if p.optimizer in (None, o)})
+        who = (p.optimizer or "any optimizer") + (f" (engine {p.engine!r})" if p.engine else "")
+        print(f"  [{p.rule}] {who} cannot run: {p.message}; fix: {p.fix}")
+    blocked = sorted({o for o in required if problems_for_optimizer(o, versions)})
     if blocked:
         print(f"nemo_muon.megatron.stack: the image must run {required}, but {blocked} cannot run on this stack "
               f"(build with --build-arg NEMO_MUON_REQUIRE_OPTIMIZERS=<the optimizers it must run> to accept that)",

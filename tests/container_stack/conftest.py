@@ -1,8 +1,12 @@
-"""The container-stack environment's fixtures: Bridge imported behind the TE stub, an offline HF cache."""
+"""The container-stack environment's fixtures: Bridge imported behind the TE stub, an offline HF cache (set up
+before collection)."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +15,11 @@ from tests.megatron_cpu.te_stub import bridge_imports_without_te
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # before any test module is collected: NeMo, transformers and huggingface_hub read HF_HOME / HF_HUB_OFFLINE when
+    # first imported, and NeMo's test modules import them at collection time
+    root = Path(tempfile.mkdtemp(prefix="nemo_muon_hf_"))
+    config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
+    install_offline_hf_cache(root)
     try:
         mcore = importlib.metadata.version("megatron-core")
     except importlib.metadata.PackageNotFoundError:
@@ -21,7 +30,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def bridge(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Megatron-Bridge importable (TE stub for its two peft modules) with an offline HF cache."""
-    install_offline_hf_cache(tmp_path_factory.mktemp("hf"))
+def bridge() -> None:
+    """Megatron-Bridge importable (TE stub for its two peft modules); the offline HF cache is set up at configure."""
     bridge_imports_without_te()

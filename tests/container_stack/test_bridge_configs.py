@@ -97,34 +97,22 @@ def test_hybridep_is_refused_on_a_gpu_without_it(bridge, monkeypatch):
             runtime_config_update(config_container(recipe))
 
 
-@pytest.mark.parametrize("name", [n for n in MEGATRON_RECIPES if get_recipe(n).optimizer.name in ("muon", "soap")])
+@pytest.mark.parametrize("name", [n for n in MEGATRON_RECIPES if get_recipe(n).optimizer.name == "soap"])
 def test_optimizer_the_stack_cannot_build_is_refused_before_building(name, bridge):
     recipe = get_recipe(name)
-    problems = problems_for_optimizer(recipe.optimizer.name, installed_versions())
-    assert problems, "this stack (megatron-core 0.16 + emerging-optimizers 0.3.0) runs neither Muon nor SOAP"
+    assert problems_for_optimizer(recipe.optimizer.name, installed_versions()), "megatron-core 0.16 has no SOAP"
     with pytest.raises(ValueError, match=f"optimizer.name='{recipe.optimizer.name}' cannot run on the installed stack"):
         build_config_container(recipe)
 
 
-def test_muon_refusal_names_the_combination_and_the_fix(bridge):
+def test_megatrons_own_muon_is_refused_naming_the_combination_and_the_fix(bridge):
+    """Muon recipes run nemo-muon's Muon (engine 'nemo_muon', built by build_config_container above); Megatron-Core
+    0.16's own Muon, chosen explicitly, is refused before anything is built."""
+    recipe = get_recipe("kimi_k2_muon")
+    assert recipe.optimizer.engine == "nemo_muon" and build_config_container(recipe).optimizer.optimizer == "dist_muon"
+    own = recipe.replace(optimizer=dataclasses.replace(recipe.optimizer, engine="megatron"))
     with pytest.raises(ValueError) as err:
-        build_config_container(get_recipe("kimi_k2_muon"))
+        build_config_container(own)
     text = str(err.value)
     assert "megatron-core 0.16.0" in text and "emerging-optimizers 0.3.0" in text
-    assert "use_nesterov" in text and "v0.1.0" in text
-
-
-def test_the_refusal_is_true_megatron_016_muon_fails_with_this_emerging_optimizers():
-    """The rule is not a guess: Megatron-Core 0.16's own Muon cannot be constructed with the installed EO."""
-    import torch
-    from megatron.core.optimizer.muon import TensorParallelMuon
-
-    params = [torch.nn.Parameter(torch.randn(8, 4))]
-    with pytest.raises(TypeError, match="nesterov"):
-        TensorParallelMuon(params, lr=0.01)
-
-
-def test_adamw_recipes_build_through_the_checked_path(bridge):
-    with target_machine("gb300", TE_VERSION):
-        c = build_config_container(get_recipe("qwen3_30b_a3b_adamw"))
-    assert c.optimizer.optimizer == "adam"
+    assert "use_nesterov" in text and "v0.1.0" in text and "optimizer.engine=nemo_muon" in text

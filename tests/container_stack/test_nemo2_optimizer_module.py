@@ -123,8 +123,15 @@ def test_nemos_scheduler_drives_the_module_built_optimizer():
     assert result["losses"][-1] < result["losses"][0] and result["replica_max_diff"] == 0.0
 
 
-def test_muon_through_the_module_is_refused_on_this_stack_with_the_fix():
-    with pytest.raises(RuntimeError, match=r"\[mcore016-muon-emerging-optimizers\].*fix: install the "
-                                           r"emerging-optimizers release"):
-        run_distributed(train_tiny, world_size=2, args=("tiny_kimi_k2", "muon", 1, (), None, None, None, "nemo2"),
-                        timeout_s=240)
+def test_muon_through_the_module_trains_on_this_stack():
+    """Megatron-Core 0.16 + emerging-optimizers 0.3.0: the module's Muon is nemo-muon's, inside Megatron's layer-wise
+    optimizer (engine 'nemo_muon'), and trains; Megatron's own Muon is refused with the fix."""
+    result = run_distributed(train_tiny, world_size=2, args=("tiny_kimi_k2", "muon", 8, (), None, None, None,
+                                                             "nemo2"), timeout_s=300)[0]
+    assert "MegatronMuon" in result["optimizers"] and "LayerWiseDistributedOptimizer" in result["optimizers"]
+    losses = result["losses"]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
+    assert result["replica_max_diff"] == 0.0
+    with pytest.raises(ValueError, match=r"engine='megatron' cannot run on the installed stack:\n  - "
+                                         r"\[mcore016-muon-emerging-optimizers\].*fix: use optimizer.engine=nemo_muon"):
+        fdl.build(nemo2.muon_with_cosine_annealing(engine="megatron")).optimizers([])

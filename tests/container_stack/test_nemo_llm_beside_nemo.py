@@ -54,19 +54,22 @@ def test_llm_namespace_is_nemos_with_our_recipes_joined():
     assert {factory_module(name) for name in list_recipes()} == {nemo_run_registration.__name__}
 
 
-def test_our_factory_prints_our_resolved_recipe(nemo_cli):
-    out = nemo_cli("llm", "pretrain", "--factory", "kimi_k2_adamw", "optim.lr=2e-4", "--dryrun", "--yes")
+@pytest.mark.parametrize("name", ["kimi_k2_muon", "kimi_k2_adamw"])
+def test_our_factory_prints_our_resolved_recipe(nemo_cli, name):
+    out = nemo_cli("llm", "pretrain", "--factory", name, "optim.lr=2e-4", "--dryrun", "--yes")
     assert out.exit_code == 0, out.output[-3000:]
-    assert "# kimi_k2_adamw: 256 x gb300 (64 nodes x 4), TP1 PP4 VP4 CP1 EP64 ETP1 DP64" in out.output
+    assert f"# {name}: 256 x gb300 (64 nodes x 4), TP1 PP4 VP4 CP1 EP64 ETP1 DP64" in out.output
     assert "lr: 0.0002" in out.output and "backend: megatron" in out.output
+    if name.endswith("muon"):
+        assert "engine: nemo_muon" in out.output
 
 
 def test_our_factory_keeps_our_override_errors_and_stack_refusals(nemo_cli):
     bad = nemo_cli("llm", "pretrain", "--factory", "kimi_k2_adamw", "optim.lrr=1", "--dryrun", "--yes")
     assert bad.exit_code == 1 and "override key 'optim.lrr' is unknown" in bad.output
-    muon = nemo_cli("llm", "pretrain", "--factory", "kimi_k2_muon", "--dryrun", "--yes")
-    assert muon.exit_code == 1  # Megatron-Core 0.16 + emerging-optimizers 0.3.0: refused before launch, with the fix
-    assert "[mcore016-muon-emerging-optimizers]" in muon.output and "fix: install" in muon.output
+    own = nemo_cli("llm", "pretrain", "--factory", "kimi_k2_muon", "optim.engine=megatron", "--dryrun", "--yes")
+    assert own.exit_code == 1  # Megatron-Core 0.16's own Muon + emerging-optimizers 0.3.0: refused, with the fix
+    assert "[mcore016-muon-emerging-optimizers]" in own.output and "fix: use optimizer.engine=nemo_muon" in own.output
 
 
 def test_nemos_factory_still_prints_nemos_recipe(nemo_cli):

@@ -12,9 +12,11 @@ from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS, to_megat
 
 def test_muon_maps_to_real_016_config_with_traps_fixed():
     assert megatron.core.__version__.startswith("0.16.")
-    cfg, spec = to_megatron_optimizer_config(MuonConfig(weight_decay=0.1, **MEGATRON_MUON_DEFAULTS))
+    cfg, spec = to_megatron_optimizer_config(MuonConfig(weight_decay=0.1, engine="megatron", **MEGATRON_MUON_DEFAULTS))
     assert isinstance(cfg, OptimizerConfig)
     assert (spec.api, spec.builder, spec.bridge_optimizer) == ("0.16", "get_megatron_muon_optimizer", "dist_muon")
+    _, ours = to_megatron_optimizer_config(MuonConfig(weight_decay=0.1, **MEGATRON_MUON_DEFAULTS))
+    assert (ours.api, ours.builder, ours.bridge_optimizer) == ("0.16", "nemo_muon", "dist_muon")
     assert (cfg.optimizer, cfg.use_distributed_optimizer) == ("dist_muon", False)
     assert OptimizerConfig().muon_use_nesterov is False and cfg.muon_use_nesterov is True  # 0.16's default trap
     assert (cfg.muon_momentum, cfg.muon_tp_mode, cfg.weight_decay) == (0.95, "duplicated", 0.1)

@@ -82,13 +82,20 @@ SHIMS: dict[str, Shim] = {s.name: s for s in (
          "(0.16 only)", ("megatron/core/transformer/moe/moe_utils.py",),
          "0.16's RouterGatingLinearFunction.forward (moe_router_dtype='fp32', Kimi K2's router) reads the module "
          "global te_general_gemm, which is only assigned when TE imports", r"name 'te_general_gemm' is not defined"),
+    Shim("gloo_uneven_all_gather", "torch.distributed.all_gather of unequal sizes over gloo -> padded to the largest "
+         "(0.16 only)", ("megatron/core/optimizer/layer_wise_optimizer.py",),
+         "0.16's LayerWiseDistributedOptimizer.allgather_params gathers each rank's flattened matrices, of unequal "
+         "sizes, in one all_gather; NCCL accepts unequal sizes, gloo does not", r"invalid tensor size"),
 )}
 CHECKPOINT_ONLY: frozenset[str] = frozenset({"cuda_synchronize", "adam_step_for_load"})
 """Shims only a checkpoint save (cuda_synchronize) or load (adam_step_for_load) reaches."""
+LAYER_WISE_ONLY: frozenset[str] = frozenset({"gloo_uneven_all_gather"})
+"""Shims only the layer-wise (Muon) optimizer reaches."""
 NEEDED_ON: dict[str, tuple[str, ...]] = {
     "current_stream": ("0.19",),  # 0.16's bucket group does not wait on the current stream
     "mla_have_te_flag": ("0.16",),
     "moe_te_general_gemm_name": ("0.16",),
+    "gloo_uneven_all_gather": ("0.16",),  # 0.19's layer-wise optimizer gathers equal, padded shards
 }
 """Shims only some Megatron-Core minor versions need; the others are needed on every supported version."""
 
@@ -241,10 +248,34 @@ def install(without: Iterable[str] = ()) -> list[Shim]:
         if not hasattr(moe_utils, "te_general_gemm"):
             moe_utils.te_general_gemm = None
             SHIMS["moe_te_general_gemm_name"].hits["megatron/core/transformer/moe/moe_utils.py:1192 (forward)"] += 1
+    if "gloo_uneven_all_gather" not in skip:
+        _install_uneven_all_gather()
     rewrite, report = "cuda_device_to_cpu" not in skip, "cuda_tensor_type" not in skip
     if rewrite or report:
         _device_mode(rewrite, report).__enter__()  # for the life of the rank process
     return [s for n, s in SHIMS.items() if n not in skip]
+
+
+def _install_uneven_all_gather() -> None:
+    import torch.distributed as dist
+
+    original = dist.all_gather
+
+    def all_gather(tensor_list, tensor, group=None, async_op=False):  # noqa: ANN001, ANN202 - torch's signature
+        sizes = {t.numel() for t in tensor_list} | {tensor.numel()}
+        if len(sizes) == 1 or async_op or dist.get_backend(group) != "gloo":
+            return original(tensor_list, tensor, group=group, async_op=async_op)
+        SHIMS["gloo_uneven_all_gather"].record()
+        longest = max(sizes)
+        padded = torch.zeros(longest, dtype=tensor.dtype, device=tensor.device)
+        padded[: tensor.numel()] = tensor.reshape(-1)
+        gathered = [torch.empty_like(padded) for _ in tensor_list]
+        original(gathered, padded, group=group)
+        for out, full in zip(tensor_list, gathered, strict=True):
+            out.copy_(full[: out.numel()].view_as(out))
+        return None
+
+    dist.all_gather = all_gather
 
 
 def hits_by_file() -> dict[str, set[str]]:

@@ -1,7 +1,7 @@
 """Each harness shim is still needed (a run without it fails as documented) and the set is still enough (a run
 with all of them works and hits each documented call site), on the Megatron-Core this interpreter has. A
 Megatron-Core bump that removes a need or adds one fails here. Checkpoint-only shims are checked on a Megatron
-`dist_checkpointing` save + resume."""
+`dist_checkpointing` save + resume, layer-wise-only ones on a Muon step."""
 
 from __future__ import annotations
 
@@ -35,12 +35,18 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ckpt
 
 
+def _muon_step(without: tuple[str, ...] = ()) -> dict:
+    return run_distributed(train_tiny, world_size=2, args=(SPEC, "muon", 1, without), timeout_s=240)[0]
+
+
 @pytest.fixture(scope="module")
 def hits_with_all_shims(checkpoint: Path) -> dict[str, set[str]]:
-    """Shim -> Megatron files that hit it over a step + save and a resume + step, every shim installed."""
-    saved, resumed = _save(checkpoint), _resume(checkpoint)
-    assert len(saved["losses"]) == len(resumed["losses"]) == 1  # the set is enough
-    return {n: set(saved["shim_hits"][n]) | set(resumed["shim_hits"][n]) for n in shims.SHIMS}
+    """Shim -> Megatron files that hit it over an AdamW step + save, a resume + step, and a layer-wise Muon step,
+    every shim installed."""
+    saved, resumed, muon = _save(checkpoint), _resume(checkpoint), _muon_step()
+    assert len(saved["losses"]) == len(resumed["losses"]) == len(muon["losses"]) == 1  # the set is enough
+    return {n: set(saved["shim_hits"][n]) | set(resumed["shim_hits"][n]) | set(muon["shim_hits"][n])
+            for n in shims.SHIMS}
 
 
 @pytest.mark.parametrize("name", sorted(shims.SHIMS))
@@ -56,7 +62,10 @@ def test_shim_is_hit_at_its_documented_call_sites_exactly_where_needed(name, hit
 @pytest.mark.parametrize("name", NEEDED)
 def test_shim_is_still_needed(name, checkpoint, hits_with_all_shims, tmp_path):
     failure = shims.SHIMS[name].failure
-    if name not in shims.CHECKPOINT_ONLY:
+    if name in shims.LAYER_WISE_ONLY:
+        with pytest.raises(RuntimeError, match=failure):
+            _muon_step(without=(name,))
+    elif name not in shims.CHECKPOINT_ONLY:
         with pytest.raises(RuntimeError, match=failure):
             run_distributed(train_tiny, world_size=2, args=(SPEC, "adamw", 1, (name,)), timeout_s=240)
     elif name == "adam_step_for_load":  # reached when loading the checkpoint the fixture saved

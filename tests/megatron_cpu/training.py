@@ -12,7 +12,9 @@ allgather dispatcher, no grouped GEMM), and a deterministic synthetic batch per 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from typing import Any
 
 SEQ, MICRO_BATCH, SEED = 32, 4, 1234
@@ -83,13 +85,41 @@ def _batch(step: int, dp_rank: int, vocab: int):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def _optimizer_config(name: str):
+def _optimizer_config(name: str, engine: str = "nemo_muon"):
     from nemo_muon.config.optimizer import AdamWConfig, MuonConfig
     from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
 
     if name == "adamw":
         return AdamWConfig(lr=LR, weight_decay=0.0)
-    return MuonConfig(lr=LR, weight_decay=0.0, **MEGATRON_MUON_DEFAULTS)
+    return MuonConfig(lr=LR, weight_decay=0.0, engine=engine, **MEGATRON_MUON_DEFAULTS)
+
+
+def _optimizer_classes(optimizer) -> list[str]:
+    """Class names of a Megatron optimizer, its chained optimizers (recursively) and the torch optimizers inside."""
+    names = [type(optimizer).__name__]
+    if hasattr(optimizer, "chained_optimizers"):
+        for sub in optimizer.chained_optimizers:
+            names += _optimizer_classes(sub)
+    elif getattr(optimizer, "optimizer", None) is not None:
+        names.append(type(optimizer.optimizer).__name__)
+    return names
+
+
+def _matrix_masters(optimizer, names: dict[int, str]) -> dict[str, tuple]:
+    """Model parameter name -> (fp32 master weight, the torch optimizer that updates it) for the bf16 parameters of
+    the layer-wise optimizer's matrix optimizer (Megatron's TensorParallelMuon or our MegatronMuon) on this rank."""
+    out = {}
+    if hasattr(optimizer, "chained_optimizers"):
+        for sub in optimizer.chained_optimizers:
+            out.update(_matrix_masters(sub, names))
+        return out
+    inner = getattr(optimizer, "optimizer", None)
+    if inner is not None and "Muon" in type(inner).__name__:
+        for model_group, master_group in zip(optimizer.float16_groups, optimizer.fp32_from_float16_groups,
+                                             strict=True):
+            for model_p, master in zip(model_group, master_group, strict=True):
+                out[names[id(model_p)]] = (master, inner)
+    return out
 
 
 CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
@@ -100,6 +130,123 @@ def _checkpoint_state(ddp_model, optimizer, *, loading: bool) -> dict:
     model_sd = ddp_model.module.sharded_state_dict(metadata=CHECKPOINT_METADATA)
     return {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=loading,
                                                                          metadata=CHECKPOINT_METADATA)}
+
+
+@contextlib.contextmanager
+def _counting_collectives():
+    """Count the bytes this rank contributes to torch.distributed collectives while the block runs."""
+    import torch.distributed as dist
+
+    sent = {"bytes": 0}
+    names = ("all_gather", "all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
+    originals = {n: getattr(dist, n) for n in names}
+
+    def counting(name):
+        position, keyword = (1, ("tensor", "input_tensor", "input")) if name in (
+            "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor") else (0, ("tensor",))
+
+        def wrapper(*args, **kwargs):
+            tensor = args[position] if len(args) > position else next(kwargs[k] for k in keyword if k in kwargs)
+            sent["bytes"] += tensor.numel() * tensor.element_size()
+            return originals[name](*args, **kwargs)
+        return wrapper
+
+    for n in names:
+        setattr(dist, n, counting(n))
+    try:
+        yield sent
+    finally:
+        for n, f in originals.items():
+            setattr(dist, n, f)
+
+
+def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, steps: int) -> dict[str, Any]:
+    """Megatron-Core's own layer-wise Muon and ours (engine 'nemo_muon'), configured the same way, on two replicas of
+    one tiny model fed the same batches, compared after every step from equal states.
+
+    Per step: both replicas run forward/backward and their optimizer step; the fp32 master weights and momentum
+    buffers of every matrix this rank owns are compared (max |difference| relative to max |value|); then our
+    replica is reset to Megatron's (bf16 weights, masters, momentum), so each step compares one update, not a
+    drifting trajectory. Returns the per-step figures, the loss curves and the classes built.
+    """
+    import torch
+
+    from tests.megatron_cpu import shims
+
+    shims.install()
+    from megatron.core import parallel_state
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from nemo_muon.megatron.build import build_megatron_optimizer
+
+    parallel_state.initialize_model_parallel()
+    try:
+        replicas = {}
+        for engine in ("megatron", "nemo_muon"):
+            model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
+            torch.manual_seed(SEED)
+            model, config, spec = _model(spec_name)
+            opt = _optimizer_config("muon", engine)
+            ddp_model = _ddp(model, config, opt, True)
+            ddp_model.broadcast_params()
+            optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection())
+            config.finalize_model_grads_func = finalize_model_grads
+            config.no_sync_func = ddp_model.no_sync
+            names = {id(p): n for n, p in ddp_model.module.named_parameters()}
+            replicas[engine] = (ddp_model, optimizer, _matrix_masters(optimizer, names))
+        (theirs_model, theirs_opt, theirs_masters), (ours_model, ours_opt, ours_masters) = replicas.values()
+        if set(theirs_masters) != set(ours_masters) or not ours_masters:
+            raise AssertionError(f"the two engines own different matrices on rank {rank}: "
+                                 f"{sorted(set(theirs_masters) ^ set(ours_masters))}")
+        fwd_bwd = get_forward_backward_func()
+        dp_rank = parallel_state.get_data_parallel_rank()
+        position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
+        mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
+        per_step, losses = [], {"megatron": [], "nemo_muon": []}
+        step_s, comm_bytes = {"megatron": [], "nemo_muon": []}, {"megatron": [], "nemo_muon": []}
+        for step in range(steps):
+            input_ids, labels = _batch(step, dp_rank, spec.vocab_size)
+            for engine, (ddp_model, optimizer, _) in replicas.items():
+                def forward_step(data_iterator, m, input_ids=input_ids, labels=labels):
+                    out = m(input_ids, position_ids, mask, labels=labels)
+                    return out, lambda t: (t.float().mean(), {"lm loss": t.float().mean().detach()})
+
+                ddp_model.zero_grad_buffer()
+                optimizer.zero_grad()
+                out = fwd_bwd(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
+                              num_microbatches=1, seq_length=SEQ, micro_batch_size=MICRO_BATCH, forward_only=False)
+                with _counting_collectives() as sent:
+                    start = time.perf_counter()
+                    ok, _, _ = optimizer.step()
+                    step_s[engine].append(time.perf_counter() - start)
+                comm_bytes[engine].append(sent["bytes"])
+                if not ok:
+                    raise RuntimeError(f"{engine}: optimizer step {step} was skipped")
+                losses[engine].append(float(out[0]["lm loss"]))
+            master_diff = momentum_diff = scale = 0.0
+            with torch.no_grad():
+                for name, (ref, ref_opt) in theirs_masters.items():
+                    mine, my_opt = ours_masters[name]
+                    scale = max(scale, float(ref.abs().max()))
+                    master_diff = max(master_diff, float((mine - ref).abs().max()))
+                    ref_buf, my_buf = ref_opt.state[ref]["momentum_buffer"], my_opt.state[mine]["momentum_buffer"]
+                    momentum_diff = max(momentum_diff, float((my_buf - ref_buf).abs().max()))
+                    mine.copy_(ref)
+                    my_buf.copy_(ref_buf)
+                for mine, ref in zip(ours_model.module.parameters(), theirs_model.module.parameters(), strict=True):
+                    mine.copy_(ref)
+            per_step.append({"master_max_abs_diff": master_diff, "master_max_abs": scale,
+                             "momentum_max_abs_diff": momentum_diff})
+        from nemo_muon.accounting.ns_flops import matrix_ns_flops
+
+        return {"per_step": per_step, "losses": losses, "matrices_on_rank": len(ours_masters),
+                "step_s": step_s, "collective_bytes": comm_bytes,
+                "ns_flops_on_rank": sum(matrix_ns_flops(tuple(m.shape)) for m, _ in ours_masters.values()),
+                "optimizers": {e: _optimizer_classes(o) for e, (_, o, _) in replicas.items()}}
+    finally:
+        parallel_state.destroy_model_parallel()
 
 
 BUILDS: tuple[str, ...] = ("builder", "nemo2", "nemo2_cosine")
@@ -218,8 +365,83 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             "lrs": lrs,
             "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas),
             "num_params": int(flat.numel()),
-            "optimizers": [type(o).__name__ for o in getattr(optimizer, "chained_optimizers", [optimizer])],
+            "optimizers": _optimizer_classes(optimizer),
             "shim_hits": {n: sorted(f) for n, f in shims.hits_by_file().items()},
         }
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any, spec_name: str,
+                                         steps: int) -> dict[str, Any]:
+    """Megatron-Bridge 0.3's own ``setup_optimizer`` (what Bridge's ``setup()`` calls) with the nemo_muon engine hook
+    installed, on the tiny model: the optimizer and scheduler Bridge builds, stepped like Bridge's train_step does."""
+    import torch
+
+    from tests.megatron_cpu import shims
+    from tests.megatron_cpu.te_stub import bridge_imports_without_te
+
+    shims.install()
+    bridge_imports_without_te()
+    import torch.distributed as dist
+    from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
+    from megatron.bridge.training.config import SchedulerConfig
+    from megatron.bridge.training.optim import setup_optimizer
+    from megatron.core import parallel_state
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from nemo_muon.megatron import bridge_hook
+    from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
+
+    parallel_state.initialize_model_parallel()
+    try:
+        model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
+        torch.manual_seed(SEED)
+        model, config, spec = _model(spec_name)
+        opt = _optimizer_config("muon")
+        ddp_model = _ddp(model, config, opt, True)
+        ddp_model.broadcast_params()
+        _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0)
+        bridge_hook.install()
+        scheduler_config = SchedulerConfig(lr_decay_style="constant", start_weight_decay=0.0, end_weight_decay=0.0,
+                                           weight_decay_incr_style="constant")
+        scheduler_config.lr_warmup_steps, scheduler_config.lr_decay_steps = 0, steps
+        scheduler_config.wd_incr_steps = steps
+        optimizer_config = BridgeOptimizerConfig(**mapping.kwargs)
+        optimizer_config.finalize()  # what ConfigContainer.validate() does before setup()
+        optimizer, scheduler = setup_optimizer(optimizer_config, scheduler_config, [ddp_model],
+                                               use_gloo_process_groups=False)
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = ddp_model.no_sync
+        fwd_bwd = get_forward_backward_func()
+        dp_rank = parallel_state.get_data_parallel_rank()
+        position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
+        mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
+        losses = []
+        for step in range(steps):
+            input_ids, labels = _batch(step, dp_rank, spec.vocab_size)
+
+            def forward_step(data_iterator, m, input_ids=input_ids, labels=labels):
+                out = m(input_ids, position_ids, mask, labels=labels)
+                return out, lambda t: (t.float().mean(), {"lm loss": t.float().mean().detach()})
+
+            ddp_model.zero_grad_buffer()
+            optimizer.zero_grad()
+            out = fwd_bwd(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
+                          num_microbatches=1, seq_length=SEQ, micro_batch_size=MICRO_BATCH, forward_only=False)
+            ok, _, _ = optimizer.step()
+            if not ok:
+                raise RuntimeError(f"optimizer step {step} was skipped")
+            scheduler.step(increment=MICRO_BATCH * world_size)
+            loss = out[0]["lm loss"].reshape(1)
+            dist.all_reduce(loss, group=group)
+            losses.append(float(loss) / world_size)
+        flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
+        replicas = [torch.zeros_like(flat) for _ in range(world_size)]
+        dist.all_gather(replicas, flat, group=group)
+        return {"losses": losses, "optimizers": _optimizer_classes(optimizer), "hook_installed": bridge_hook.installed(),
+                "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas)}
     finally:
         parallel_state.destroy_model_parallel()

@@ -1,0 +1,220 @@
+"""nemo-muon's Muon inside Megatron-Core's layer-wise distributed optimizer, on both API generations.
+
+What is Megatron's, reused as is: the parameter split (2-D weights that are not embedding / output layer ->
+the orthogonalized update; everything else -> Megatron's Adam), its param groups (lr / wd multipliers, expert
+flags), `Float16OptimizerWithFloat16Params` (fp32 master weights of the bf16 model), `LayerWiseDistributedOptimizer`
+(whole matrices per data-parallel rank, gradient-norm / zero-count reduction, the param all-gather, checkpoints) and
+its Adam for the rest. What is ours: the matrix update, `MegatronMuon` = `nemo_muon.Muon` (our Newton–Schulz, TP
+modes over Megatron's tensor-parallel group, fused-weight splitting by parameter name).
+
+How it is plugged in, per generation (the narrowest hook each allows):
+
+* Megatron-Core >= 0.18 keeps a registry of emerging optimizers (``megatron/core/optimizer/emerging_optimizers.py``,
+  ``_EMERGING_OPTIMIZERS``: name -> optimizer class, state init, config -> kwargs). `register_with_megatron` adds
+  ``"nemo_muon"``; ``OptimizerConfig(optimizer="nemo_muon", use_layer_wise_distributed_optimizer=True)`` then goes
+  through Megatron's own `get_megatron_optimizer` like its Muon does.
+* Megatron-Core 0.16 has no registry: `get_megatron_muon_optimizer` constructs its TensorParallelMuon inline. Here
+  `build_layer_wise_016` assembles the same pieces that function assembles (Megatron's param groups and Adam,
+  `LayerWiseDistributedOptimizer`) around our optimizer instead.
+
+Megatron's Float16 wrapper swaps each bf16 parameter in the optimizer's groups for its fp32 master copy; our
+optimizer knows its parameters by the model's tensors (for names and fused layouts), so `rekey_after_wrapping` moves
+that knowledge to the master copies once the optimizer is built.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from nemo_muon.optim.muon import Muon
+from nemo_muon.optim.routing import MATRIX, QKVLayout
+
+REGISTERED_NAME = "nemo_muon"
+"""The optimizer name Megatron-Core >= 0.18 knows our Muon by (``OptimizerConfig.optimizer``)."""
+NS_PRECISION_FROM_MCORE: dict[str, str] = {"highest": "fp32", "high": "fp32", "medium": "bf16"}
+
+
+class MegatronMuon(Muon):
+    """`nemo_muon.Muon` over the matrix parameters Megatron-Core hands its emerging optimizer.
+
+    ``param_groups``: Megatron's groups (params are the model's tensors); every parameter gets the orthogonalized
+    update (Megatron already sent the others to Adam). ``param_names``: id(param) -> the model's parameter name, for
+    fused layouts (``linear_qkv`` per query group, ``linear_fc1`` gate/up). Other keyword arguments: `Muon`'s.
+    """
+
+    label = "Muon (nemo-muon, Megatron layer-wise)"
+
+    def __init__(self, param_groups: Iterable[dict[str, Any]], *, param_names: Mapping[int, str],
+                 **muon_kwargs: Any) -> None:
+        groups = []
+        for group in param_groups:
+            group = dict(group)
+            group["param_names"] = [param_names.get(id(p)) for p in group["params"]]
+            group["algorithm"] = MATRIX
+            groups.append(group)
+        super().__init__(groups, **muon_kwargs)
+
+    def rekey(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Parameters replaced in the groups (model param -> fp32 master copy): carry their route and name over."""
+        for old, new in pairs:
+            if old in self._routes:
+                self._routes[new] = self._routes.pop(old)
+                self._names[new] = self._names.pop(old)
+
+
+def init_muon_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
+    """Create the momentum buffers before a checkpoint is loaded into a fresh optimizer (Megatron's state init hook)."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+
+
+def parameter_names(model_chunks: Iterable[torch.nn.Module]) -> dict[int, str]:
+    """id(param) -> its name in its model chunk (DDP / Float16Module prefixes included; layouts match segments)."""
+    return {id(p): name for chunk in model_chunks for name, p in chunk.named_parameters()}
+
+
+def fused_layouts(model_config: Any, tp_size: int) -> dict[str, Any]:
+    """The fused weights of a Megatron model config: ``linear_qkv`` per query group (GQA), split into Q, K, V."""
+    heads, groups = model_config.num_attention_heads, model_config.num_query_groups or model_config.num_attention_heads
+    if heads % tp_size or groups % tp_size:
+        raise ValueError(f"num_attention_heads={heads} and num_query_groups={groups} must be multiples of the tensor-"
+                         f"parallel size {tp_size}")
+    return {"linear_qkv": QKVLayout(heads // tp_size, groups // tp_size, model_config.kv_channels)}
+
+
+def muon_kwargs_from_megatron(config: Any, model_chunks: list[Any], pg_collection: Any) -> dict[str, Any]:
+    """`MegatronMuon` keyword arguments from Megatron's `OptimizerConfig` (the fields our mapping writes from a
+    `MuonConfig`, `nemo_muon.megatron.optimizer_config`), the model's names and layouts, and the TP group."""
+    nesterov = getattr(config, "muon_nesterov", None)
+    if nesterov is None:
+        nesterov = config.muon_use_nesterov
+    tp_group = getattr(pg_collection, "tp", None)
+    tp_size = 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
+    expt_tp = getattr(pg_collection, "expt_tp", None)
+    if expt_tp is not None and torch.distributed.get_world_size(expt_tp) != tp_size:
+        raise ValueError(f"expert tensor parallelism ({torch.distributed.get_world_size(expt_tp)}) must equal tensor "
+                         f"parallelism ({tp_size}) for engine 'nemo_muon' (one TP group for all matrices)")
+    return {
+        "lr": config.lr,
+        "weight_decay": config.weight_decay,
+        "momentum": config.muon_momentum,
+        "nesterov": bool(nesterov),
+        "ns_steps": config.muon_num_ns_steps,
+        "coefficients": getattr(config, "muon_coefficient_type", "quintic"),
+        "scale_mode": config.muon_scale_mode,
+        "extra_scale_factor": config.muon_extra_scale_factor,
+        "ns_precision": NS_PRECISION_FROM_MCORE[config.muon_fp32_matmul_prec],
+        "tp_mode": config.muon_tp_mode,
+        "split_qkv": config.muon_split_qkv,
+        "split_gate_up": False,
+        "nonfinite": "raise",
+        "tp_group": tp_group if tp_size > 1 else None,
+        "fused_layouts": fused_layouts(model_chunks[0].config, tp_size),
+        "param_names": parameter_names(model_chunks),
+    }
+
+
+def rekey_after_wrapping(optimizer: Any) -> int:
+    """After Megatron wrapped our optimizer in `Float16OptimizerWithFloat16Params`, move routes to the master copies.
+
+    Walks the (chained / layer-wise) Megatron optimizer; returns how many `MegatronMuon` were found (0 = not ours).
+    """
+    found = 0
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if sub is not optimizer and hasattr(sub, "chained_optimizers"):
+            found += rekey_after_wrapping(sub)
+            continue
+        raw = getattr(sub, "optimizer", None)
+        if not isinstance(raw, MegatronMuon):
+            continue
+        found += 1
+        for old_group, new_group in zip(getattr(sub, "float16_groups", []),
+                                        getattr(sub, "fp32_from_float16_groups", []), strict=True):
+            raw.rekey(zip(old_group, new_group, strict=True))
+    return found
+
+
+def register_with_megatron() -> None:
+    """Add ``"nemo_muon"`` to Megatron-Core's emerging-optimizer registry (>= 0.18); idempotent."""
+    from megatron.core.optimizer import emerging_optimizers as eo
+
+    registry = getattr(eo, "_EMERGING_OPTIMIZERS", None)
+    entry_cls = getattr(eo, "EmergingOptimizerEntry", None)
+    if registry is None or entry_cls is None:
+        raise RuntimeError("megatron.core.optimizer.emerging_optimizers has no _EMERGING_OPTIMIZERS / "
+                           "EmergingOptimizerEntry: the registration hook moved (written for Megatron-Core 0.19)")
+    if REGISTERED_NAME in registry:
+        return
+    registry[REGISTERED_NAME] = entry_cls(optimizer_cls=MegatronMuon, init_state_fn=init_muon_state,
+                                          config_to_kwargs=muon_kwargs_from_megatron)
+
+
+def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: Any,
+                         config_overrides: Any = None) -> Any:
+    """Megatron-Core 0.16: our Muon for the 2-D non-embedding weights, Megatron's Adam for the rest, both inside
+    Megatron's `LayerWiseDistributedOptimizer` (the assembly `get_megatron_muon_optimizer` does, with our class).
+    ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), applied to both parts."""
+    from megatron.core.optimizer import _get_param_groups, get_megatron_optimizer
+    from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
+
+    if config.use_distributed_optimizer or config.fp16:
+        raise ValueError("the layer-wise optimizer needs use_distributed_optimizer=False and fp16=False; got "
+                         f"use_distributed_optimizer={config.use_distributed_optimizer}, fp16={config.fp16}")
+    matrices, others = [], []
+    for chunk in model_chunks:
+        for _, p in chunk.named_parameters():
+            if not p.requires_grad:
+                continue
+            is_matrix = p.dim() == 2 and not getattr(p, "is_embedding_or_output_parameter", False)
+            (matrices if is_matrix else others).append(p)
+    adam_config = copy.copy(config)
+    adam_config.optimizer, adam_config.bf16 = "adam", False  # the layer-wise wrapper adds the bf16 master weights
+    try:  # Megatron's param groups and Adam see only the trainable params: split by requires_grad, then restore
+        for p in others:
+            p.requires_grad_(False)
+        ours = MegatronMuon(_get_param_groups(model_chunks, adam_config, config_overrides),
+                            **muon_kwargs_from_megatron(config, model_chunks, pg_collection))
+        for p in others:
+            p.requires_grad_(True)
+        for p in matrices:
+            p.requires_grad_(False)
+        adam = get_megatron_optimizer(adam_config, model_chunks, config_overrides=config_overrides,
+                                      use_gloo_process_groups=False)
+    finally:
+        for p in (*matrices, *others):
+            p.requires_grad_(True)
+    optimizers = [ours, *adam.chained_optimizers]
+    init_fns = [init_muon_state] + [_init_adam_state] * len(adam.chained_optimizers)
+    layer_wise = LayerWiseDistributedOptimizer(optimizers, config, pg_collection, init_state_fn_list=init_fns)
+    rekey_after_wrapping(layer_wise)
+    return layer_wise
+
+
+def _init_adam_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
+    """torch Adam's state before a checkpoint load (what Megatron-Core 0.16's Muon path does for its Adam part)."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if len(opt.state[p]) == 0:
+                opt.state[p]["exp_avg"] = torch.zeros_like(p.data)
+                opt.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
+
+
+def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: Any) -> Any:
+    """Megatron-Core >= 0.18: Megatron's own builder with ``optimizer="nemo_muon"`` (registered here)."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    register_with_megatron()
+    config = copy.copy(config)
+    config.optimizer = REGISTERED_NAME
+    optimizer = get_megatron_optimizer(config, model_chunks, pg_collection=pg_collection,
+                                       use_gloo_process_groups=False)
+    if not rekey_after_wrapping(optimizer):
+        raise RuntimeError("Megatron-Core built no nemo_muon optimizer for optimizer='nemo_muon'")
+    return optimizer
