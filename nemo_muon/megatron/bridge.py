@@ -309,10 +309,10 @@ def _set_fields(container: Any, overrides: dict[str, dict[str, Any]]) -> None:
 def build_config_container(recipe: TrainingRecipe) -> Any:
     """The Bridge `ConfigContainer` of ``recipe`` (imports Megatron-Bridge: the NeMo container or the container-stack
     test environment). Raises before building if the installed stack cannot run the recipe's optimizer."""
-    from nemo_muon.megatron.stack import check_installed_stack
+    from nemo_muon.megatron.stack import check_installed_stack, optimizer_engine
 
     recipe.validate()
-    check_installed_stack(recipe.optimizer.name)
+    check_installed_stack(recipe.optimizer.name, optimizer_engine(recipe.optimizer))
     return config_container(recipe)
 
 
@@ -349,6 +349,10 @@ def pretrain(recipe: TrainingRecipe) -> None:
     for name, value in recipe.env.items():
         os.environ.setdefault(name, value)
     container = build_config_container(recipe)
+    if getattr(recipe.optimizer, "engine", None) == "nemo_muon":
+        from nemo_muon.megatron import bridge_hook
+
+        bridge_hook.install()  # Bridge's setup_optimizer then builds our Muon inside Megatron's layer-wise optimizer
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain as bridge_pretrain
 

@@ -1,0 +1,63 @@
+"""The one place nemo-muon reaches into Megatron-Bridge's optimizer setup (Bridge 0.3.x, Megatron-Core 0.16).
+
+Bridge 0.3's `megatron.bridge.training.optim.setup_optimizer` builds every Muon through the name
+``get_megatron_muon_optimizer`` of its own module (imported from ``megatron.core.optimizer.muon``). `install` rebinds
+that name, in Bridge's module only, to `build_for_bridge`, which builds nemo-muon's Muon inside Megatron's
+layer-wise optimizer (`nemo_muon.megatron.registration.build_layer_wise_016`) with the config overrides and process
+groups Bridge passes. Nothing else of Bridge changes. The hook is pinned: `install` refuses another Bridge minor
+version, and a setup_optimizer that no longer calls that name, so a Bridge upgrade fails loudly here instead of
+silently running Megatron's own Muon.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+from typing import Any
+
+SUPPORTED_BRIDGE = (0, 3)
+HOOKED_NAME = "get_megatron_muon_optimizer"
+
+
+def build_for_bridge(config: Any, model_chunks: list[Any], config_overrides: Any = None,
+                     use_gloo_process_groups: bool = True, layer_wise_distributed_optimizer: bool = False,
+                     pg_collection: Any = None) -> Any:
+    """Stands in for Megatron-Core 0.16's ``get_megatron_muon_optimizer`` inside Bridge's setup_optimizer."""
+    from nemo_muon.megatron.build import mpu_process_groups
+    from nemo_muon.megatron.registration import build_layer_wise_016
+
+    if not layer_wise_distributed_optimizer:
+        raise ValueError(f"optimizer.optimizer must be 'dist_muon' (layer-wise) for engine 'nemo_muon'; got "
+                         f"{config.optimizer!r}")
+    if pg_collection is None:  # Bridge passes none unless dist.use_decentralized_pg; Megatron's groups are set up
+        pg_collection = mpu_process_groups()
+    return build_layer_wise_016(config, model_chunks, pg_collection, config_overrides)
+
+
+def check_hook_point(optim_module: Any, bridge_version: str) -> None:
+    """Raise unless Bridge is 0.3.x and its setup_optimizer builds Muon through the module name we rebind."""
+    from nemo_muon.versions import release_numbers
+
+    if release_numbers(bridge_version)[:2] != SUPPORTED_BRIDGE:
+        raise RuntimeError(f"optimizer.engine='nemo_muon' is wired into Megatron-Bridge "
+                           f"{'.'.join(map(str, SUPPORTED_BRIDGE))}.x; installed megatron-bridge {bridge_version}. "
+                           "Set optimizer.engine=megatron, or use a Bridge this nemo-muon supports")
+    source = inspect.getsource(optim_module.setup_optimizer)
+    if f"{HOOKED_NAME}(" not in source or not hasattr(optim_module, HOOKED_NAME):
+        raise RuntimeError(f"megatron.bridge.training.optim.setup_optimizer no longer calls {HOOKED_NAME} (Bridge "
+                           f"{bridge_version}): the nemo_muon engine hook point moved; set optimizer.engine=megatron")
+
+
+def install() -> None:
+    """Make Bridge's setup_optimizer build nemo-muon's Muon for ``dist_muon`` configs (idempotent)."""
+    from megatron.bridge.training import optim
+
+    check_hook_point(optim, importlib.metadata.version("megatron-bridge"))
+    optim.get_megatron_muon_optimizer = build_for_bridge
+
+
+def installed() -> bool:
+    """Whether Bridge's setup_optimizer currently builds nemo-muon's Muon."""
+    from megatron.bridge.training import optim
+
+    return getattr(optim, HOOKED_NAME, None) is build_for_bridge

@@ -1,0 +1,35 @@
+"""Megatron-Bridge 0.3 builds nemo-muon's Muon (engine 'nemo_muon') through its own setup_optimizer, on NGC 26.02's
+stack where Megatron-Core 0.16's own Muon cannot be built (emerging-optimizers 0.3.0): the version-pinned hook
+(`nemo_muon.megatron.bridge_hook`) and a tiny MoE model trained by what Bridge builds."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from nemo_muon.megatron import bridge_hook
+from tests.distributed import run_distributed
+from tests.megatron_cpu.training import train_through_bridge_setup_optimizer
+
+
+@pytest.mark.parametrize("spec", ["tiny_kimi_k2", "tiny_qwen3_moe"])
+def test_bridge_setup_optimizer_builds_and_trains_our_muon(spec):
+    result = run_distributed(train_through_bridge_setup_optimizer, world_size=2, args=(spec, 10), timeout_s=300)[0]
+    assert result["hook_installed"]
+    assert "LayerWiseDistributedOptimizer" in result["optimizers"] and "MegatronMuon" in result["optimizers"]
+    assert "TensorParallelMuon" not in result["optimizers"]
+    losses = result["losses"]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
+    assert result["replica_max_diff"] == 0.0
+
+
+def test_hook_point_is_pinned(bridge):
+    from megatron.bridge.training import optim
+
+    bridge_hook.check_hook_point(optim, "0.3.0")  # the installed Bridge: the name is there and called
+    with pytest.raises(RuntimeError, match=r"wired into Megatron-Bridge 0\.3\.x; installed megatron-bridge 0\.4\.0"):
+        bridge_hook.check_hook_point(optim, "0.4.0")
+    moved = types.SimpleNamespace(setup_optimizer=lambda config: None)  # a setup_optimizer without the call
+    with pytest.raises(RuntimeError, match="no longer calls get_megatron_muon_optimizer"):
+        bridge_hook.check_hook_point(moved, "0.3.1")
