@@ -2,7 +2,9 @@
 
 Run on a GPU machine with the project's .venv (Megatron-Core 0.19.2):
     .venv/bin/python bench/gpu/megatron_tiny.py [--spec tiny_kimi_k2|tiny_qwen3_moe] [--optimizer adamw|muon]
-Prints the loss curve and the median step time after 3 warm-up steps (a GPU check, not a comparison).
+Prints the loss curve and the median step time after 3 warm-up steps. For Muon it trains once per engine in the same
+process (nemo-muon's Muon and Megatron-Core's own, both inside Megatron's layer-wise optimizer, same seed and data)
+and prints the ratio of their median step and optimizer-step times.
 """
 
 from __future__ import annotations
@@ -42,37 +44,51 @@ def main() -> None:
     from tests.megatron_cpu import training as t
 
     parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(t.SEED)
-    model, config, spec = t._model(args.spec)
-    model.cuda()
-    opt = t._optimizer_config(args.optimizer)
-    layer_wise = args.optimizer != "adamw"
-    ddp_model = t._ddp(model, config, opt, layer_wise)
-    optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=t._pg_collection() if layer_wise else None)
-    config.finalize_model_grads_func = finalize_model_grads
-    fwd_bwd = get_forward_backward_func()
-    pos = torch.arange(t.SEQ, device="cuda").unsqueeze(0).expand(t.MICRO_BATCH, -1).contiguous()
-    mask = (torch.tril(torch.ones(1, 1, t.SEQ, t.SEQ, device="cuda")) < 0.5)
-    times, losses = [], []
-    for step in range(args.steps):
-        ids, labels = (x.cuda() for x in t._batch(step, 0, spec.vocab_size))
+    engines = ["nemo_muon", "megatron"] if args.optimizer == "muon" else [None]
+    medians = {}
+    for engine in engines:
+        model_parallel_cuda_manual_seed(t.SEED)
+        torch.manual_seed(t.SEED)
+        model, config, spec = t._model(args.spec)
+        model.cuda()
+        opt = t._optimizer_config(args.optimizer, engine or "nemo_muon")
+        layer_wise = args.optimizer != "adamw"
+        ddp_model = t._ddp(model, config, opt, layer_wise)
+        optimizer, _ = build_megatron_optimizer(opt, [ddp_model],
+                                                pg_collection=t._pg_collection() if layer_wise else None)
+        config.finalize_model_grads_func = finalize_model_grads
+        fwd_bwd = get_forward_backward_func()
+        pos = torch.arange(t.SEQ, device="cuda").unsqueeze(0).expand(t.MICRO_BATCH, -1).contiguous()
+        mask = (torch.tril(torch.ones(1, 1, t.SEQ, t.SEQ, device="cuda")) < 0.5)
+        times, opt_times, losses = [], [], []
+        for step in range(args.steps):
+            ids, labels = (x.cuda() for x in t._batch(step, 0, spec.vocab_size))
 
-        def forward_step(_it, m, ids=ids, labels=labels):
-            out = m(ids, pos, mask, labels=labels)
-            return out, lambda o: (o.float().mean(), {"lm loss": o.float().mean().detach()})
+            def forward_step(_it, m, ids=ids, labels=labels):
+                out = m(ids, pos, mask, labels=labels)
+                return out, lambda o: (o.float().mean(), {"lm loss": o.float().mean().detach()})
 
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        ddp_model.zero_grad_buffer()
-        optimizer.zero_grad()
-        out = fwd_bwd(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
-                      num_microbatches=1, seq_length=t.SEQ, micro_batch_size=t.MICRO_BATCH, forward_only=False)
-        optimizer.step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(float(out[0]["lm loss"]))
-    print(f"{args.spec} {args.optimizer} on {torch.cuda.get_device_name(0)}: losses {[round(x, 3) for x in losses]}")
-    print(f"median step time after 3 warm-up steps: {statistics.median(times[3:]) * 1e3:.1f} ms")
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            ddp_model.zero_grad_buffer()
+            optimizer.zero_grad()
+            out = fwd_bwd(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
+                          num_microbatches=1, seq_length=t.SEQ, micro_batch_size=t.MICRO_BATCH, forward_only=False)
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            optimizer.step()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            opt_times.append(time.perf_counter() - t1)
+            losses.append(float(out[0]["lm loss"]))
+        label = f"{args.optimizer}" + (f" (engine {engine})" if engine else "")
+        print(f"{args.spec} {label} on {torch.cuda.get_device_name(0)}: losses {[round(x, 3) for x in losses]}")
+        medians[engine] = (statistics.median(times[3:]), statistics.median(opt_times[3:]))
+        print(f"median step / optimizer-step time after 3 warm-up steps: {medians[engine][0] * 1e3:.1f} / "
+              f"{medians[engine][1] * 1e3:.1f} ms")
+    if len(medians) == 2:
+        (ours, ours_opt), (theirs, theirs_opt) = medians["nemo_muon"], medians["megatron"]
+        print(f"ours / Megatron's: step {ours / theirs:.2f}, optimizer step {ours_opt / theirs_opt:.2f}")
     dist.destroy_process_group()
 
 

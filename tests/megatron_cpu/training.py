@@ -134,30 +134,39 @@ def _checkpoint_state(ddp_model, optimizer, *, loading: bool) -> dict:
 
 @contextlib.contextmanager
 def _counting_collectives():
-    """Count the bytes this rank contributes to torch.distributed collectives while the block runs."""
+    """Count the bytes this rank contributes to torch.distributed collectives over groups of more than one rank
+    while the block runs (a collective over a one-rank group moves nothing). Includes DDP's param all-gather, which
+    Megatron calls through a function captured at import (``param_and_grad_buffer.dist_all_gather_func``)."""
     import torch.distributed as dist
+    from megatron.core.distributed import param_and_grad_buffer as buffers
 
     sent = {"bytes": 0}
-    names = ("all_gather", "all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
-    originals = {n: getattr(dist, n) for n in names}
+    # name -> (position of the tensor this rank contributes, position of the group argument)
+    where = {"all_gather": (1, 2), "all_gather_into_tensor": (1, 2), "_all_gather_base": (1, 2),
+             "reduce_scatter_tensor": (1, 3), "all_reduce": (0, 2), "broadcast": (0, 2)}
 
-    def counting(name):
-        position, keyword = (1, ("tensor", "input_tensor", "input")) if name in (
-            "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor") else (0, ("tensor",))
+    def counting(name, original):
+        tensor_at, group_at = where[name]
 
         def wrapper(*args, **kwargs):
-            tensor = args[position] if len(args) > position else next(kwargs[k] for k in keyword if k in kwargs)
-            sent["bytes"] += tensor.numel() * tensor.element_size()
-            return originals[name](*args, **kwargs)
+            group = args[group_at] if len(args) > group_at else kwargs.get("group")
+            tensor = args[tensor_at] if len(args) > tensor_at else next(
+                v for k, v in kwargs.items() if k in ("tensor", "input_tensor", "input"))
+            if dist.get_world_size(group) > 1:
+                sent["bytes"] += tensor.numel() * tensor.element_size()
+            return original(*args, **kwargs)
         return wrapper
 
-    for n in names:
-        setattr(dist, n, counting(n))
+    patched = [(dist, n) for n in where if hasattr(dist, n)] + [(buffers, "dist_all_gather_func")]
+    originals = [(mod, n, getattr(mod, n)) for mod, n in patched]
+    for mod, n, original in originals:
+        kind = original.__name__ if n == "dist_all_gather_func" else n
+        setattr(mod, n, counting(kind if kind in where else "all_gather_into_tensor", original))
     try:
         yield sent
     finally:
-        for n, f in originals.items():
-            setattr(dist, n, f)
+        for mod, n, original in originals:
+            setattr(mod, n, original)
 
 
 def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, steps: int) -> dict[str, Any]:
