@@ -64,7 +64,7 @@ def main() -> None:
         for step in range(args.steps):
             ids, labels = (x.cuda() for x in t._batch(step, 0, spec.vocab_size))
 
-            def forward_step(_it, m, ids=ids, labels=labels):
+            def forward_step(_it, m, ids=ids, labels=labels, pos=pos, mask=mask):
                 out = m(ids, pos, mask, labels=labels)
                 return out, lambda o: (o.float().mean(), {"lm loss": o.float().mean().detach()})
 
