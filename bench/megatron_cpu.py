@@ -31,7 +31,7 @@ def main() -> None:
     print("| model | optimizer | loss step 1 -> last | mean last 4 / first 4 | replica max diff |")
     print("|---|---|---|---|---|")
     for spec in ("tiny_kimi_k2", "tiny_qwen3_moe"):
-        for optimizer in ("muon", "adamw"):
+        for optimizer in ("muon", "soap", "adamw"):
             problems = problems_for_optimizer(optimizer, installed_versions())
             if problems:
                 print(f"| {spec} | {optimizer} | refused: {', '.join(p.rule for p in problems)} | | |")

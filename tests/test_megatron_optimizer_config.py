@@ -64,11 +64,14 @@ def test_soap_precondition_frequency_refused_where_installed_soap_ignores_it():
 
     # emerging-optimizers 0.3.0's SOAP has no such argument, so Megatron-Core would drop the config field
     assert not soap_accepts_precondition_frequency()
-    cfg, spec = to_megatron_optimizer_config(SoapConfig(shampoo_beta=0.9, nonfinite="raise"))
+    cfg, spec = to_megatron_optimizer_config(SoapConfig(shampoo_beta=0.9, nonfinite="raise", engine="megatron"))
     assert "precondition_frequency" not in _kwargs_from_config(SOAP, "soap", cfg)
     assert (cfg.optimizer, cfg.soap_shampoo_beta, cfg.soap_precondition_frequency) == ("soap", 0.9, 1)
     with pytest.raises(ValueError, match=r"soap\.precondition_frequency=10 .*every step"):
-        to_megatron_optimizer_config(SoapConfig(precondition_frequency=10, nonfinite="raise"))
+        to_megatron_optimizer_config(SoapConfig(precondition_frequency=10, nonfinite="raise", engine="megatron"))
+    # nemo-muon's SOAP (the default engine) honours both: the fields reach it through Megatron's config
+    cfg, spec = to_megatron_optimizer_config(SoapConfig(precondition_frequency=10, eps=1e-6, nonfinite="raise"))
+    assert spec.builder == "nemo_muon" and (cfg.soap_precondition_frequency, cfg.adam_eps) == (10, 1e-6)
 
 
 @pytest.mark.parametrize(
@@ -78,7 +81,7 @@ def test_soap_precondition_frequency_refused_where_installed_soap_ignores_it():
         (MuonConfig(split_gate_up=True, nonfinite="raise"), r"muon\.split_gate_up=True"),
         (MuonConfig(adamw_lr=1e-3, **MEGATRON_MUON), r"muon\.adamw_lr=0\.001"),
         (MuonConfig(split_gate_up=False), r"muon\.nonfinite='skip'"),
-        (SoapConfig(eps=1e-6, nonfinite="raise"), r"soap\.eps=1e-06"),
+        (SoapConfig(eps=1e-6, nonfinite="raise", engine="megatron"), r"soap\.eps=1e-06"),
     ],
 )
 def test_unhonourable_settings_are_refused(opt, match):

@@ -29,13 +29,14 @@ def test_rules_fire_exactly_on_the_known_breaks(versions, rules):
 
 
 def test_megatrons_own_muon_breaks_are_engine_specific():
-    """0.16 + emerging-optimizers 0.3.0 stops Megatron-Core's own Muon, not nemo-muon's inside Megatron's layer-wise
-    optimizer (the default engine); SOAP and NeMo 2.7 + 0.19 stop every engine."""
+    """0.16 + emerging-optimizers 0.3.0 stops Megatron-Core's own Muon, and 0.16 has no SOAP of its own; neither
+    stops nemo-muon's optimizers inside Megatron's layer-wise optimizer (the default engine)."""
     versions = {stack.MCORE: "0.16.0", stack.EMERGING_OPTIMIZERS: "0.3.0", stack.NEMO: None}
     assert stack.problems_for_optimizer("muon", versions) == []
     assert [p.rule for p in stack.problems_for_optimizer("muon", versions, engine="megatron")] == [
         "mcore016-muon-emerging-optimizers"]
-    assert [p.rule for p in stack.problems_for_optimizer("soap", versions)] == ["mcore-soap"]
+    assert stack.problems_for_optimizer("soap", versions) == []
+    assert [p.rule for p in stack.problems_for_optimizer("soap", versions, engine="megatron")] == ["mcore-soap"]
     with pytest.raises(ValueError, match=r"optimizer.name='muon' with optimizer.engine='megatron' cannot run on x:\n"
                                          r"  - \[mcore016-muon-emerging-optimizers\].*fix: use optimizer.engine=nemo_muon"):
         stack.check_stack("muon", versions, where="x", engine="megatron")
@@ -54,8 +55,10 @@ def test_without_megatron_installed_the_release_stack_is_judged(monkeypatch):
     own = own.replace(optimizer=dataclasses.replace(own.optimizer, engine="megatron"))
     with pytest.raises(ValueError, match=r"cannot run on the nemo:26.02 container stack:\n  - \[mcore016-muon"):
         stack.check_recipe_stack(own)
+    stack.check_recipe_stack(get_recipe("kimi_k2_soap"))
+    soap = get_recipe("kimi_k2_soap")
     with pytest.raises(ValueError, match=r"cannot run on the nemo:26.02 container stack:\n  - \[mcore-soap\]"):
-        stack.check_recipe_stack(get_recipe("kimi_k2_soap"))
+        stack.check_recipe_stack(soap.replace(optimizer=dataclasses.replace(soap.optimizer, engine="megatron")))
     stack.check_recipe_stack(get_recipe("kimi_k2_adamw"))
     stack.check_recipe_stack(get_recipe("tiny_kimi_k2_muon"))  # torch backend: no Megatron involved
     monkeypatch.setenv("NEMO_MUON_RELEASE", "26.06")  # Megatron-Core 0.18: Muon and SOAP both build
@@ -67,3 +70,27 @@ def test_with_megatron_installed_the_installed_stack_is_judged():
     assert stack.installed_versions()[stack.MCORE] == "0.19.2"  # this environment (.venv)
     stack.check_recipe_stack(get_recipe("kimi_k2_muon"))
     stack.check_recipe_stack(get_recipe("kimi_k2_soap"))
+
+
+def test_the_image_build_check_refuses_a_stack_that_cannot_run_the_required_optimizers(monkeypatch, capsys):
+    """`python -m nemo_muon.megatron.stack --require ...` (the Dockerfile's last step) on NeMo 2.7 + Megatron-Core
+    0.19: exit 1 naming what cannot run; a stack without breaks passes."""
+    broken = {stack.MCORE: "0.19.2", stack.EMERGING_OPTIMIZERS: "0.3.0", stack.NEMO: "2.7.0"}
+    monkeypatch.setattr(stack, "installed_versions", lambda: broken)
+    assert stack._main(["--require", "muon,adamw"]) == 1
+    out = capsys.readouterr()
+    assert "[nemo27-mcore019] any optimizer cannot run" in out.out
+    assert "the image must run ['muon', 'adamw'], but ['adamw', 'muon'] cannot run on this stack" in out.err
+    monkeypatch.setattr(stack, "installed_versions", lambda: {**broken, stack.NEMO: None})
+    assert stack._main(["--require", "muon,soap,adamw"]) == 0
+
+
+@pytest.mark.parametrize("checkpoint", [dict(save_interval=100), dict(resume=True)])
+def test_soap_on_megatron_with_checkpoints_is_refused_when_the_recipe_is_built(checkpoint):
+    from nemo_muon.config.recipe import CheckpointConfig
+
+    soap = get_recipe("kimi_k2_soap")
+    with pytest.raises(ValueError, match="nemo-muon's SOAP inside Megatron cannot go through Megatron's "
+                                         "dist_checkpointing yet"):
+        soap.replace(checkpoint=CheckpointConfig(**checkpoint))
+    soap.replace(checkpoint=CheckpointConfig(save_interval=0))  # without checkpoints it is fine

@@ -91,7 +91,7 @@ def test_duplicated_tp_repeats_work_and_blockwise_does_not():
 
 def test_layerwise_spreads_ns_and_replicated_repeats_it():
     lw = plan_recipe(tiny())
-    rep = plan_recipe(tiny(layerwise=False))
+    rep = plan_recipe(tiny(optimizer=MuonConfig(engine="megatron"), layerwise=False))  # Megatron's replicated Muon
     assert rep["ns_flops_per_rank_max"] == rep["ns_flops_per_rank_mean"] == pytest.approx(lw["ns_flops_per_step"])
     assert lw["ns_flops_per_rank_mean"] == pytest.approx(lw["ns_flops_per_step"] / 4)
     assert lw["ns_flops_per_rank_max"] < rep["ns_flops_per_rank_max"] / 2

@@ -128,6 +128,9 @@ class SoapConfig(_BaseOptimizerConfig):
     precondition_frequency: int = 1
     """Refresh the eigenbasis every this many steps (honoured; Megatron-Core silently ignores it)."""
     nonfinite: NonFinitePolicy = "skip"
+    engine: MegatronEngine = dataclasses.field(default="nemo_muon", metadata={MEGATRON_BACKEND_ONLY: True})
+    """Megatron backend only: whose SOAP updates the matrices inside Megatron-Core's layer-wise distributed optimizer:
+    'nemo_muon' (this package's SOAP, on Megatron-Core 0.16 and 0.18+) or 'megatron' (Megatron-Core's, 0.18+)."""
 
     name: str = dataclasses.field(default="soap", init=False)
 
@@ -138,6 +141,7 @@ class SoapConfig(_BaseOptimizerConfig):
         check_range("soap.eps", self.eps, low=0.0, low_inclusive=False)
         check_positive_int("soap.precondition_frequency", self.precondition_frequency)
         check_choice("soap.nonfinite", self.nonfinite, NONFINITE_POLICIES)
+        check_choice("soap.engine", self.engine, MEGATRON_ENGINES)
 
 
 @dataclass(kw_only=True)

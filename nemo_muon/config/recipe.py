@@ -264,6 +264,13 @@ class TrainingRecipe:
         if self.backend == "torch" and getattr(self.optimizer, "engine", "nemo_muon") != "nemo_muon":
             raise ValueError(f"optimizer.engine={self.optimizer.engine!r} needs backend='megatron' (the torch backend "
                              "always runs nemo-muon's Muon); set optimizer.engine=nemo_muon or backend=megatron")
+        if (self.backend == "megatron" and isinstance(self.optimizer, SoapConfig) and self.optimizer.engine == "nemo_muon"
+                and (self.checkpoint.save_interval > 0 or self.checkpoint.resume)):
+            raise ValueError(
+                f"checkpoint.save_interval={self.checkpoint.save_interval}, checkpoint.resume={self.checkpoint.resume}: "
+                "nemo-muon's SOAP inside Megatron cannot go through Megatron's dist_checkpointing yet (its Kronecker "
+                "factors are not shaped like their parameters, which Megatron's optimizer sharding requires); set "
+                "checkpoint.save_interval=0 and checkpoint.resume=false, or backend=torch")
         if self.backend == "megatron" and getattr(self.optimizer, "engine", None) == "nemo_muon" and not self.layerwise:
             raise ValueError("optimizer.engine='nemo_muon' runs inside Megatron's layer-wise distributed optimizer; got "
                              "layerwise=False: set layerwise=true, or optimizer.engine=megatron")

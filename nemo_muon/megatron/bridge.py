@@ -352,7 +352,7 @@ def pretrain(recipe: TrainingRecipe) -> None:
     if getattr(recipe.optimizer, "engine", None) == "nemo_muon":
         from nemo_muon.megatron import bridge_hook
 
-        bridge_hook.install()  # Bridge's setup_optimizer then builds our Muon inside Megatron's layer-wise optimizer
+        bridge_hook.install(recipe.optimizer)  # Bridge's setup_optimizer then builds ours inside its layer-wise optimizer
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain as bridge_pretrain
 

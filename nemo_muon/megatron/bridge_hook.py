@@ -2,8 +2,8 @@
 
 Bridge 0.3's `megatron.bridge.training.optim.setup_optimizer` builds every Muon through the name
 ``get_megatron_muon_optimizer`` of its own module (imported from ``megatron.core.optimizer.muon``). `install` rebinds
-that name, in Bridge's module only, to `build_for_bridge`, which builds nemo-muon's Muon inside Megatron's
-layer-wise optimizer (`nemo_muon.megatron.registration.build_layer_wise_016`) with the config overrides and process
+that name, in Bridge's module only, to `build_for_bridge`, which builds nemo-muon's Muon (or SOAP: Bridge sends
+``*soap*`` optimizers to the same name) inside Megatron's layer-wise optimizer (`nemo_muon.megatron.registration.build_layer_wise_016`) with the config overrides and process
 groups Bridge passes. Nothing else of Bridge changes. The hook is pinned: `install` refuses another Bridge minor
 version, and a setup_optimizer that no longer calls that name, so a Bridge upgrade fails loudly here instead of
 silently running Megatron's own Muon.
@@ -11,6 +11,7 @@ silently running Megatron's own Muon.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import inspect
 from typing import Any
@@ -21,17 +22,18 @@ HOOKED_NAME = "get_megatron_muon_optimizer"
 
 def build_for_bridge(config: Any, model_chunks: list[Any], config_overrides: Any = None,
                      use_gloo_process_groups: bool = True, layer_wise_distributed_optimizer: bool = False,
-                     pg_collection: Any = None) -> Any:
-    """Stands in for Megatron-Core 0.16's ``get_megatron_muon_optimizer`` inside Bridge's setup_optimizer."""
+                     pg_collection: Any = None, *, ours: Any = None) -> Any:
+    """Stands in for Megatron-Core 0.16's ``get_megatron_muon_optimizer`` inside Bridge's setup_optimizer (which
+    sends Muon and SOAP there); ``ours`` is the recipe's optimizer config, bound by `install`."""
     from nemo_muon.megatron.build import mpu_process_groups
     from nemo_muon.megatron.registration import build_layer_wise_016
 
     if not layer_wise_distributed_optimizer:
-        raise ValueError(f"optimizer.optimizer must be 'dist_muon' (layer-wise) for engine 'nemo_muon'; got "
-                         f"{config.optimizer!r}")
+        raise ValueError(f"optimizer.optimizer must be 'dist_muon' or 'dist_soap' (layer-wise) for engine "
+                         f"'nemo_muon'; got {config.optimizer!r}")
     if pg_collection is None:  # Bridge passes none unless dist.use_decentralized_pg; Megatron's groups are set up
         pg_collection = mpu_process_groups()
-    return build_layer_wise_016(config, model_chunks, pg_collection, config_overrides)
+    return build_layer_wise_016(config, model_chunks, pg_collection, config_overrides, ours=ours)
 
 
 def check_hook_point(optim_module: Any, bridge_version: str) -> None:
@@ -48,16 +50,18 @@ def check_hook_point(optim_module: Any, bridge_version: str) -> None:
                            f"{bridge_version}): the nemo_muon engine hook point moved; set optimizer.engine=megatron")
 
 
-def install() -> None:
-    """Make Bridge's setup_optimizer build nemo-muon's Muon for ``dist_muon`` configs (idempotent)."""
+def install(ours: Any) -> None:
+    """Make Bridge's setup_optimizer build nemo-muon's Muon / SOAP (``ours``: the recipe's `MuonConfig` /
+    `SoapConfig`) for ``dist_muon`` / ``dist_soap`` configs."""
     from megatron.bridge.training import optim
 
     check_hook_point(optim, importlib.metadata.version("megatron-bridge"))
-    optim.get_megatron_muon_optimizer = build_for_bridge
+    optim.get_megatron_muon_optimizer = functools.partial(build_for_bridge, ours=ours)
 
 
 def installed() -> bool:
-    """Whether Bridge's setup_optimizer currently builds nemo-muon's Muon."""
+    """Whether Bridge's setup_optimizer currently builds nemo-muon's optimizers."""
     from megatron.bridge.training import optim
 
-    return getattr(optim, HOOKED_NAME, None) is build_for_bridge
+    hooked = getattr(optim, HOOKED_NAME, None)
+    return isinstance(hooked, functools.partial) and hooked.func is build_for_bridge

@@ -60,8 +60,9 @@ def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: Megatron
         if pg_collection is None:
             raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
                              "optimizer; got None")
-        build = registration.build_layer_wise_016 if spec.api == API_016 else registration.build_layer_wise_018
-        return build(config, model_chunks, pg_collection)
+        if spec.api == API_016:
+            return registration.build_layer_wise_016(config, model_chunks, pg_collection, ours=opt)
+        return registration.build_layer_wise_018(config, model_chunks, pg_collection, ours=opt)
     if spec.api == API_016 and spec.builder == "get_megatron_muon_optimizer":
         from megatron.core.optimizer.muon import get_megatron_muon_optimizer
 

@@ -34,6 +34,7 @@ from nemo_muon.megatron.optimizer_config import (
     ddp_flags,
     to_megatron_optimizer_config,
 )
+from nemo_muon.megatron.registration import contains_soap
 
 try:
     import nemo_run as run
@@ -61,6 +62,11 @@ class MegatronCoreOptimizer(McoreDistributedOptimizer):
 
     def sharded_state_dict(self, model_sharded_state_dict: Any, optimizer_state_dict: Any = None,
                            is_loading: bool = False, dist_ckpt_parallel_save: Any = None, **kwargs: Any) -> Any:
+        if contains_soap(self.mcore_optimizer):
+            raise NotImplementedError(
+                "nemo-muon's SOAP inside Megatron cannot be saved with Megatron's dist_checkpointing yet (its Kronecker "
+                "factors are not shaped like their parameters, which Megatron's optimizer sharding requires); train "
+                "SOAP without checkpoints on the megatron backend, or use the torch backend")
         params = inspect.signature(self.mcore_optimizer.sharded_state_dict).parameters
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         accepted = {k: v for k, v in kwargs.items() if takes_any or k in params}

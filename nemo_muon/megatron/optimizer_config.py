@@ -128,6 +128,11 @@ def _muon(opt: MuonConfig, api: str, fields: Collection[str]) -> dict[str, Any]:
 
 
 def _soap(opt: SoapConfig, api: str, *, soap_has_precondition_frequency: bool) -> dict[str, Any]:
+    if opt.engine == ENGINE_NEMO_MUON:  # our SOAP honours every field; Megatron's config carries its betas only
+        kw = {"adam_beta1": opt.betas[0], "adam_beta2": opt.betas[1], "adam_eps": opt.eps}
+        if api == API_018:
+            kw.update(soap_shampoo_beta=opt.shampoo_beta, soap_precondition_frequency=opt.precondition_frequency)
+        return kw
     if api != API_018:
         raise _refuse("optimizer", "soap", "megatron-core 0.16 has Muon only; SOAP needs megatron-core >= 0.18")
     if opt.precondition_frequency != 1 and not soap_has_precondition_frequency:
@@ -181,9 +186,16 @@ def megatron_optimizer_spec(
         builder = BUILDER_NEMO_MUON if ours else "get_megatron_optimizer"
         return MegatronOptimizerSpec(api, kw, builder, layerwise, "dist_muon" if layerwise else "muon")
     if isinstance(opt, SoapConfig):
+        ours = opt.engine == ENGINE_NEMO_MUON
+        if ours and not layerwise:
+            raise _refuse("soap.engine", opt.engine, "nemo-muon's SOAP runs inside Megatron's layer-wise distributed "
+                          "optimizer; keep layerwise on, or set optimizer.engine=megatron")
         kw.update(_soap(opt, api, soap_has_precondition_frequency=soap_has_precondition_frequency))
+        if api == API_016:  # Bridge 0.3 sends any optimizer named *soap* to the (hooked) Muon builder, layer-wise if dist_*
+            kw.update(optimizer="dist_soap", use_distributed_optimizer=False)
+            return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON, True, "dist_soap")
         kw.update(optimizer="soap", use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=layerwise)
-        return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", layerwise, "soap")
+        return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON if ours else "get_megatron_optimizer", layerwise, "soap")
     raise ValueError(f"optimizer must be a MuonConfig, SoapConfig or AdamWConfig; got {type(opt).__name__}")
 
 

@@ -30,33 +30,35 @@ from typing import Any
 
 import torch
 
-from nemo_muon.optim.muon import Muon
+from nemo_muon.config.optimizer import OptimizerConfig, SoapConfig
+from nemo_muon.optim.muon import Muon, tp_partition_dim
 from nemo_muon.optim.routing import MATRIX, QKVLayout
+from nemo_muon.optim.soap import SOAP, init_soap_state
 
 REGISTERED_NAME = "nemo_muon"
 """The optimizer name Megatron-Core >= 0.18 knows our Muon by (``OptimizerConfig.optimizer``)."""
+REGISTERED_SOAP_NAME = "nemo_soap"
+"""... and our SOAP."""
 NS_PRECISION_FROM_MCORE: dict[str, str] = {"highest": "fp32", "high": "fp32", "medium": "bf16"}
 
 
-class MegatronMuon(Muon):
-    """`nemo_muon.Muon` over the matrix parameters Megatron-Core hands its emerging optimizer.
+class _OnMegatronParams:
+    """What our optimizers need to run on the parameters Megatron-Core hands its emerging optimizer: every parameter
+    gets the matrix update (Megatron already sent the others to Adam), names come from the model (``param_names``:
+    id(param) -> name), and `rekey` follows Megatron's swap of bf16 params for their fp32 master copies."""
 
-    ``param_groups``: Megatron's groups (params are the model's tensors); every parameter gets the orthogonalized
-    update (Megatron already sent the others to Adam). ``param_names``: id(param) -> the model's parameter name, for
-    fused layouts (``linear_qkv`` per query group, ``linear_fc1`` gate/up). Other keyword arguments: `Muon`'s.
-    """
+    _routes: dict
+    _names: dict
 
-    label = "Muon (nemo-muon, Megatron layer-wise)"
-
-    def __init__(self, param_groups: Iterable[dict[str, Any]], *, param_names: Mapping[int, str],
-                 **muon_kwargs: Any) -> None:
+    @staticmethod
+    def _megatron_groups(param_groups: Iterable[dict[str, Any]], param_names: Mapping[int, str]) -> list[dict]:
         groups = []
         for group in param_groups:
             group = dict(group)
             group["param_names"] = [param_names.get(id(p)) for p in group["params"]]
             group["algorithm"] = MATRIX
             groups.append(group)
-        super().__init__(groups, **muon_kwargs)
+        return groups
 
     def rekey(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Parameters replaced in the groups (model param -> fp32 master copy): carry their route and name over."""
@@ -64,6 +66,41 @@ class MegatronMuon(Muon):
             if old in self._routes:
                 self._routes[new] = self._routes.pop(old)
                 self._names[new] = self._names.pop(old)
+
+
+class MegatronMuon(_OnMegatronParams, Muon):
+    """`nemo_muon.Muon` over the matrix parameters Megatron-Core hands its emerging optimizer (fused layouts by the
+    model's names: ``linear_qkv`` per query group). Other keyword arguments: `Muon`'s."""
+
+    label = "Muon (nemo-muon, Megatron layer-wise)"
+
+    def __init__(self, param_groups: Iterable[dict[str, Any]], *, param_names: Mapping[int, str],
+                 **muon_kwargs: Any) -> None:
+        super().__init__(self._megatron_groups(param_groups, param_names), **muon_kwargs)
+
+
+class MegatronSoap(_OnMegatronParams, SOAP):
+    """`nemo_muon.SOAP` over the matrix parameters Megatron-Core hands its emerging optimizer. Other keyword
+    arguments: `SOAP`'s."""
+
+    label = "SOAP (nemo-muon, Megatron layer-wise)"
+
+    def __init__(self, param_groups: Iterable[dict[str, Any]], *, param_names: Mapping[int, str],
+                 **soap_kwargs: Any) -> None:
+        super().__init__(self._megatron_groups(param_groups, param_names), **soap_kwargs)
+
+
+def init_soap_state_fn(opt: torch.optim.Optimizer, config: Any = None) -> None:
+    """SOAP's placeholder state (full-size factors under TP) before a checkpoint is loaded into a fresh optimizer."""
+    tp_group = getattr(opt, "tp_group", None)
+    world = 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
+    for group in opt.param_groups:
+        for p in group["params"]:
+            shape = list(p.shape)
+            pdim = tp_partition_dim(p) if world > 1 else None
+            if pdim is not None:
+                shape[pdim] *= world
+            init_soap_state(opt.state[p], tuple(shape), p.device)
 
 
 def init_muon_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
@@ -95,8 +132,7 @@ def muon_kwargs_from_megatron(config: Any, model_chunks: list[Any], pg_collectio
     nesterov = getattr(config, "muon_nesterov", None)
     if nesterov is None:
         nesterov = config.muon_use_nesterov
-    tp_group = getattr(pg_collection, "tp", None)
-    tp_size = 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
+    tp_group, tp_size = _tp(pg_collection)
     expt_tp = getattr(pg_collection, "expt_tp", None)
     if expt_tp is not None and torch.distributed.get_world_size(expt_tp) != tp_size:
         raise ValueError(f"expert tensor parallelism ({torch.distributed.get_world_size(expt_tp)}) must equal tensor "
@@ -121,10 +157,34 @@ def muon_kwargs_from_megatron(config: Any, model_chunks: list[Any], pg_collectio
     }
 
 
+def _tp(pg_collection: Any) -> tuple[Any, int]:
+    tp_group = getattr(pg_collection, "tp", None)
+    return tp_group, 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
+
+
+def soap_kwargs_from_megatron(config: Any, model_chunks: list[Any], pg_collection: Any) -> dict[str, Any]:
+    """`MegatronSoap` keyword arguments from a Megatron-Core >= 0.18 `OptimizerConfig` (our mapping wrote them)."""
+    tp_group, tp_size = _tp(pg_collection)
+    return {"lr": config.lr, "weight_decay": config.weight_decay, "betas": (config.adam_beta1, config.adam_beta2),
+            "shampoo_beta": config.soap_shampoo_beta, "eps": config.adam_eps,
+            "precondition_frequency": config.soap_precondition_frequency, "nonfinite": "raise",
+            "tp_group": tp_group if tp_size > 1 else None, "param_names": parameter_names(model_chunks)}
+
+
+def soap_kwargs_from_ours(opt: SoapConfig, config: Any, model_chunks: list[Any], pg_collection: Any) -> dict[str, Any]:
+    """`MegatronSoap` keyword arguments from our `SoapConfig` (Megatron-Core 0.16 has no SOAP fields); lr and weight
+    decay from Megatron's config, which frameworks may adjust."""
+    tp_group, tp_size = _tp(pg_collection)
+    return {"lr": config.lr, "weight_decay": config.weight_decay, "betas": tuple(opt.betas),
+            "shampoo_beta": opt.shampoo_beta, "eps": opt.eps, "precondition_frequency": opt.precondition_frequency,
+            "nonfinite": "raise", "tp_group": tp_group if tp_size > 1 else None,
+            "param_names": parameter_names(model_chunks)}
+
+
 def rekey_after_wrapping(optimizer: Any) -> int:
     """After Megatron wrapped our optimizer in `Float16OptimizerWithFloat16Params`, move routes to the master copies.
 
-    Walks the (chained / layer-wise) Megatron optimizer; returns how many `MegatronMuon` were found (0 = not ours).
+    Walks the (chained / layer-wise) Megatron optimizer; returns how many of ours were found (0 = none).
     """
     found = 0
     for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
@@ -132,7 +192,7 @@ def rekey_after_wrapping(optimizer: Any) -> int:
             found += rekey_after_wrapping(sub)
             continue
         raw = getattr(sub, "optimizer", None)
-        if not isinstance(raw, MegatronMuon):
+        if not isinstance(raw, _OnMegatronParams):
             continue
         found += 1
         for old_group, new_group in zip(getattr(sub, "float16_groups", []),
@@ -141,8 +201,15 @@ def rekey_after_wrapping(optimizer: Any) -> int:
     return found
 
 
+def contains_soap(optimizer: Any) -> bool:
+    """Whether a (chained / layer-wise) Megatron optimizer holds our SOAP."""
+    if hasattr(optimizer, "chained_optimizers"):  # a chain's ``.optimizer`` asserts it has exactly one
+        return any(contains_soap(sub) for sub in optimizer.chained_optimizers)
+    return isinstance(getattr(optimizer, "optimizer", None), MegatronSoap)
+
+
 def register_with_megatron() -> None:
-    """Add ``"nemo_muon"`` to Megatron-Core's emerging-optimizer registry (>= 0.18); idempotent."""
+    """Add ``"nemo_muon"`` and ``"nemo_soap"`` to Megatron-Core's emerging-optimizer registry (>= 0.18); idempotent."""
     from megatron.core.optimizer import emerging_optimizers as eo
 
     registry = getattr(eo, "_EMERGING_OPTIMIZERS", None)
@@ -150,17 +217,19 @@ def register_with_megatron() -> None:
     if registry is None or entry_cls is None:
         raise RuntimeError("megatron.core.optimizer.emerging_optimizers has no _EMERGING_OPTIMIZERS / "
                            "EmergingOptimizerEntry: the registration hook moved (written for Megatron-Core 0.19)")
-    if REGISTERED_NAME in registry:
-        return
-    registry[REGISTERED_NAME] = entry_cls(optimizer_cls=MegatronMuon, init_state_fn=init_muon_state,
-                                          config_to_kwargs=muon_kwargs_from_megatron)
+    registry.setdefault(REGISTERED_NAME, entry_cls(optimizer_cls=MegatronMuon, init_state_fn=init_muon_state,
+                                                   config_to_kwargs=muon_kwargs_from_megatron))
+    registry.setdefault(REGISTERED_SOAP_NAME, entry_cls(optimizer_cls=MegatronSoap, init_state_fn=init_soap_state_fn,
+                                                        config_to_kwargs=soap_kwargs_from_megatron))
 
 
 def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: Any,
-                         config_overrides: Any = None) -> Any:
+                         config_overrides: Any = None, ours: OptimizerConfig | None = None) -> Any:
     """Megatron-Core 0.16: our Muon for the 2-D non-embedding weights, Megatron's Adam for the rest, both inside
     Megatron's `LayerWiseDistributedOptimizer` (the assembly `get_megatron_muon_optimizer` does, with our class).
-    ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), applied to both parts."""
+    ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), applied to both parts.
+    ``ours``: our optimizer config; a `SoapConfig` builds our SOAP (its fields are not in 0.16's config), anything
+    else our Muon (from the Megatron config's muon_* fields)."""
     from megatron.core.optimizer import _get_param_groups, get_megatron_optimizer
     from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
 
@@ -179,8 +248,13 @@ def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: An
     try:  # Megatron's param groups and Adam see only the trainable params: split by requires_grad, then restore
         for p in others:
             p.requires_grad_(False)
-        ours = MegatronMuon(_get_param_groups(model_chunks, adam_config, config_overrides),
-                            **muon_kwargs_from_megatron(config, model_chunks, pg_collection))
+        groups = _get_param_groups(model_chunks, adam_config, config_overrides)
+        if isinstance(ours, SoapConfig):
+            matrix_opt = MegatronSoap(groups, **soap_kwargs_from_ours(ours, config, model_chunks, pg_collection))
+            init_matrix_state = init_soap_state_fn
+        else:
+            matrix_opt = MegatronMuon(groups, **muon_kwargs_from_megatron(config, model_chunks, pg_collection))
+            init_matrix_state = init_muon_state
         for p in others:
             p.requires_grad_(True)
         for p in matrices:
@@ -190,8 +264,8 @@ def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: An
     finally:
         for p in (*matrices, *others):
             p.requires_grad_(True)
-    optimizers = [ours, *adam.chained_optimizers]
-    init_fns = [init_muon_state] + [_init_adam_state] * len(adam.chained_optimizers)
+    optimizers = [matrix_opt, *adam.chained_optimizers]
+    init_fns = [init_matrix_state] + [_init_adam_state] * len(adam.chained_optimizers)
     layer_wise = LayerWiseDistributedOptimizer(optimizers, config, pg_collection, init_state_fn_list=init_fns)
     rekey_after_wrapping(layer_wise)
     return layer_wise
@@ -206,15 +280,17 @@ def _init_adam_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
                 opt.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
 
 
-def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: Any) -> Any:
-    """Megatron-Core >= 0.18: Megatron's own builder with ``optimizer="nemo_muon"`` (registered here)."""
+def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: Any,
+                         ours: OptimizerConfig | None = None) -> Any:
+    """Megatron-Core >= 0.18: Megatron's own builder with ``optimizer="nemo_muon"`` / ``"nemo_soap"`` (registered
+    here; the kwargs come from the Megatron config's muon_* / soap_* fields)."""
     from megatron.core.optimizer import get_megatron_optimizer
 
     register_with_megatron()
     config = copy.copy(config)
-    config.optimizer = REGISTERED_NAME
+    config.optimizer = REGISTERED_SOAP_NAME if isinstance(ours, SoapConfig) else REGISTERED_NAME
     optimizer = get_megatron_optimizer(config, model_chunks, pg_collection=pg_collection,
                                        use_gloo_process_groups=False)
     if not rekey_after_wrapping(optimizer):
-        raise RuntimeError("Megatron-Core built no nemo_muon optimizer for optimizer='nemo_muon'")
+        raise RuntimeError(f"Megatron-Core built none of our optimizers for optimizer={config.optimizer!r}")
     return optimizer

@@ -61,7 +61,8 @@ def stack_problems(versions: Mapping[str, str | None]) -> list[StackProblem]:
         problems.append(StackProblem(
             "mcore-soap", "soap",
             f"megatron-core {versions[MCORE]} has no SOAP (OptimizerConfig(optimizer='soap') arrives in 0.18)",
-            "use a Megatron-Core >= 0.18 stack (NGC 26.06), or the torch backend"))
+            "use optimizer.engine=nemo_muon (nemo-muon's SOAP inside Megatron's layer-wise optimizer), or a "
+            "Megatron-Core >= 0.18 stack (NGC 26.06)", engine="megatron"))
     if nemo is not None and nemo[:2] == (2, 7) and mcore is not None and mcore[:2] >= (0, 19):
         problems.append(StackProblem(
             "nemo27-mcore019", None,
@@ -96,7 +97,7 @@ DEFAULT_ENGINE = "nemo_muon"
 
 
 def optimizer_engine(opt) -> str | None:  # noqa: ANN001 - an optimizer config (kept import-free)
-    """The Muon engine of an optimizer config ('nemo_muon' / 'megatron'); None for optimizers without one."""
+    """The engine of a Muon / SOAP config ('nemo_muon' / 'megatron'); None for optimizers without one (AdamW)."""
     return getattr(opt, "engine", None)
 
 
@@ -104,7 +105,7 @@ def problems_for_optimizer(optimizer: str, versions: Mapping[str, str | None], *
                            engine: str | None = DEFAULT_ENGINE) -> list[StackProblem]:
     """The problems that stop ``optimizer`` ('muon', 'soap', 'adamw') with ``engine`` on ``versions``."""
     return [p for p in stack_problems(versions)
-            if p.optimizer in (None, optimizer) and (p.engine is None or (optimizer == "muon" and p.engine == engine))]
+            if p.optimizer in (None, optimizer) and (p.engine is None or (optimizer != "adamw" and p.engine == engine))]
 
 
 def check_stack(optimizer: str, versions: Mapping[str, str | None], *, where: str,
@@ -113,7 +114,7 @@ def check_stack(optimizer: str, versions: Mapping[str, str | None], *, where: st
     problems = problems_for_optimizer(optimizer, versions, engine=engine)
     if problems:
         lines = "\n".join(f"  - [{p.rule}] {p.message}; fix: {p.fix}" for p in problems)
-        shown = f"optimizer.name={optimizer!r}" + (f" with optimizer.engine={engine!r}" if optimizer == "muon" else "")
+        shown = f"optimizer.name={optimizer!r}" + (f" with optimizer.engine={engine!r}" if optimizer != "adamw" else "")
         raise ValueError(f"{shown} cannot run on {where}:\n{lines}")
 
 

@@ -32,6 +32,22 @@ from nemo_muon.optim.muon import tp_partition_dim
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
 from nemo_muon.optim.routing import GateUpLayout, MatrixRule
 
+NOT_BUILT_STEP = -1.0
+"""``state["step"]`` of a placeholder state: the preconditioner is built at the next step."""
+
+
+def init_soap_state(state: dict[str, Any], shape: tuple[int, ...], device: torch.device) -> None:
+    """Fill an empty per-parameter state with SOAP's tensors (zeros, step -1) for a (full) matrix of ``shape``: what
+    a checkpoint load needs to exist before it copies the saved tensors in; a fresh run builds it at its first step."""
+    if state:
+        return
+    m, n = shape[-2], shape[-1]
+    batch = tuple(shape[:-2])
+    state["step"] = torch.tensor(NOT_BUILT_STEP)
+    state["L"], state["Q_L"] = (torch.zeros(*batch, m, m, device=device) for _ in range(2))
+    state["R"], state["Q_R"] = (torch.zeros(*batch, n, n, device=device) for _ in range(2))
+    state["exp_avg"], state["exp_avg_sq"] = (torch.zeros(*shape, device=device) for _ in range(2))
+
 
 def _eigenbasis(factor: torch.Tensor) -> torch.Tensor:
     """Eigenvectors of a symmetric PSD (batched) matrix, by decreasing eigenvalue."""
@@ -120,7 +136,9 @@ class SOAP(RoutedOptimizer):
     def _soap_direction(g: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> torch.Tensor | None:
         b1, b2 = group["betas"]
         gg_l, gg_r = g @ g.mT, g.mT @ g
-        if "L" not in state:  # first step: build the preconditioner only (see the module docstring)
+        # first step (no state yet, or the placeholder state `init_soap_state` creates for a checkpoint load, whose
+        # step is -1): build the preconditioner only (see the module docstring)
+        if "L" not in state or state["step"].item() < 0:
             state["step"] = torch.tensor(0.0)
             state["L"], state["R"] = gg_l, gg_r
             state["Q_L"], state["Q_R"] = _eigenbasis(gg_l), _eigenbasis(gg_r)

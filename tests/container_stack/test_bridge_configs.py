@@ -34,7 +34,7 @@ def test_there_are_megatron_recipes_of_both_families():
     assert models == {"kimi_k2", "qwen3_30b_a3b"}
 
 
-@pytest.mark.parametrize("name", [n for n in MEGATRON_RECIPES if get_recipe(n).optimizer.name != "soap"])
+@pytest.mark.parametrize("name", MEGATRON_RECIPES)
 def test_recipe_builds_and_validates(name, bridge, monkeypatch):
     recipe, c = _validated(name, monkeypatch)
     m = c.model
@@ -49,7 +49,7 @@ def test_recipe_builds_and_validates(name, bridge, monkeypatch):
     assert c.scheduler.start_weight_decay == c.scheduler.end_weight_decay == recipe.optimizer.weight_decay
     is_adam = recipe.optimizer.name == "adamw"
     assert c.ddp.use_distributed_optimizer is is_adam
-    assert c.optimizer.optimizer == ("adam" if is_adam else "dist_muon")
+    assert c.optimizer.optimizer == {"adamw": "adam", "muon": "dist_muon", "soap": "dist_soap"}[recipe.optimizer.name]
     if recipe.precision.kind == "mxfp8":
         assert c.mixed_precision.fp8_recipe == "mxfp8"
         assert c.ddp.fp8_param_gather is is_adam  # Bridge's WAR: no MXFP8 param gather with the layer-wise optimizer
@@ -98,11 +98,13 @@ def test_hybridep_is_refused_on_a_gpu_without_it(bridge, monkeypatch):
 
 
 @pytest.mark.parametrize("name", [n for n in MEGATRON_RECIPES if get_recipe(n).optimizer.name == "soap"])
-def test_optimizer_the_stack_cannot_build_is_refused_before_building(name, bridge):
+def test_megatrons_own_soap_is_refused_before_building(name, bridge):
     recipe = get_recipe(name)
-    assert problems_for_optimizer(recipe.optimizer.name, installed_versions()), "megatron-core 0.16 has no SOAP"
-    with pytest.raises(ValueError, match=f"optimizer.name='{recipe.optimizer.name}' cannot run on the installed stack"):
-        build_config_container(recipe)
+    own = recipe.replace(optimizer=dataclasses.replace(recipe.optimizer, engine="megatron"))
+    assert problems_for_optimizer("soap", installed_versions(), engine="megatron"), "megatron-core 0.16 has no SOAP"
+    with pytest.raises(ValueError, match="optimizer.name='soap' with optimizer.engine='megatron' cannot run on the "
+                                         "installed stack"):
+        build_config_container(own)
 
 
 def test_megatrons_own_muon_is_refused_naming_the_combination_and_the_fix(bridge):

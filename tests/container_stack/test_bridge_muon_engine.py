@@ -1,6 +1,6 @@
-"""Megatron-Bridge 0.3 builds nemo-muon's Muon (engine 'nemo_muon') through its own setup_optimizer, on NGC 26.02's
-stack where Megatron-Core 0.16's own Muon cannot be built (emerging-optimizers 0.3.0): the version-pinned hook
-(`nemo_muon.megatron.bridge_hook`) and a tiny MoE model trained by what Bridge builds."""
+"""Megatron-Bridge 0.3 builds nemo-muon's Muon and SOAP (engine 'nemo_muon') through its own setup_optimizer, on NGC
+26.02's stack where Megatron-Core 0.16's own Muon cannot be built (emerging-optimizers 0.3.0) and it has no SOAP:
+the version-pinned hook (`nemo_muon.megatron.bridge_hook`) and tiny MoE models trained by what Bridge builds."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ from tests.distributed import run_distributed
 from tests.megatron_cpu.training import train_through_bridge_setup_optimizer
 
 
-@pytest.mark.parametrize("spec", ["tiny_kimi_k2", "tiny_qwen3_moe"])
-def test_bridge_setup_optimizer_builds_and_trains_our_muon(spec):
-    result = run_distributed(train_through_bridge_setup_optimizer, world_size=2, args=(spec, 10), timeout_s=300)[0]
+@pytest.mark.parametrize("spec, optimizer, ours", [("tiny_kimi_k2", "muon", "MegatronMuon"),
+                                                   ("tiny_qwen3_moe", "muon", "MegatronMuon"),
+                                                   ("tiny_qwen3_moe", "soap", "MegatronSoap")])
+def test_bridge_setup_optimizer_builds_and_trains_ours(spec, optimizer, ours):
+    result = run_distributed(train_through_bridge_setup_optimizer, world_size=2, args=(spec, 10, optimizer),
+                             timeout_s=300)[0]
     assert result["hook_installed"]
-    assert "LayerWiseDistributedOptimizer" in result["optimizers"] and "MegatronMuon" in result["optimizers"]
+    assert "LayerWiseDistributedOptimizer" in result["optimizers"] and ours in result["optimizers"]
     assert "TensorParallelMuon" not in result["optimizers"]
     losses = result["losses"]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses

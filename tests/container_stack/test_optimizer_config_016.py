@@ -22,8 +22,14 @@ def test_muon_maps_to_real_016_config_with_traps_fixed():
     assert (cfg.muon_momentum, cfg.muon_tp_mode, cfg.weight_decay) == (0.95, "duplicated", 0.1)
 
 
+def test_soap_maps_to_016_for_our_engine():
+    cfg, spec = to_megatron_optimizer_config(SoapConfig(nonfinite="raise", betas=(0.9, 0.98), precondition_frequency=5))
+    assert (spec.api, spec.builder, spec.bridge_optimizer, spec.layer_wise) == ("0.16", "nemo_muon", "dist_soap", True)
+    assert (cfg.optimizer, cfg.adam_beta1, cfg.adam_beta2) == ("dist_soap", 0.9, 0.98)
+
+
 @pytest.mark.parametrize("opt, match", [
-    (SoapConfig(nonfinite="raise"), "SOAP needs megatron-core >= 0.18"),
+    (SoapConfig(nonfinite="raise", engine="megatron"), "SOAP needs megatron-core >= 0.18"),
     (MuonConfig(coefficients="polar_express", **MEGATRON_MUON_DEFAULTS), "muon.coefficients='polar_express'"),
 ])
 def test_what_016_cannot_honour_is_refused_naming_the_field(opt, match):

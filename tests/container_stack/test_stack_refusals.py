@@ -1,6 +1,6 @@
-"""On NGC 26.02's stack (Megatron-Core 0.16 + emerging-optimizers 0.3.0) SOAP megatron recipes, and Muon with
-Megatron-Core's own engine, are refused before launch by every entry point, with the same message; Muon recipes
-(nemo-muon's engine by default) pass; the architecture mapping equals Bridge's providers."""
+"""On NGC 26.02's stack (Megatron-Core 0.16 + emerging-optimizers 0.3.0) Megatron-Core's own Muon and SOAP
+(``optimizer.engine=megatron``) are refused before launch by every entry point, with the same message; the Muon and
+SOAP recipes (nemo-muon's engine by default) pass; the architecture mapping equals Bridge's providers."""
 
 from __future__ import annotations
 
@@ -17,17 +17,18 @@ from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
 NEMO_MUON = str(Path(sys.executable).parent / "nemo-muon")
 
 
-def test_doctor_fails_on_the_broken_combination():
+def test_doctor_warns_about_megatrons_own_optimizers():
     out = subprocess.run([NEMO_MUON, "doctor"], capture_output=True,
                          text=True, timeout=300)
-    assert out.returncode == 1  # SOAP: megatron-core 0.16 has none
-    assert "[fail] stack:mcore-soap" in out.stdout
+    assert out.returncode == 0, out.stdout  # the default engine runs Muon and SOAP here; Megatron's own cannot
+    assert "[warn] stack:mcore-soap" in out.stdout and "soap with engine 'megatron' cannot run" in out.stdout
     assert "[warn] stack:mcore016-muon-emerging-optimizers" in out.stdout and "use_nesterov" in out.stdout
 
 
 @pytest.mark.parametrize("name, overrides, ok", [
     ("kimi_k2_muon", [], True), ("kimi_k2_muon", ["optim.engine=megatron"], False),
-    ("qwen3_30b_a3b_soap", [], False), ("kimi_k2_adamw", [], True)])
+    ("qwen3_30b_a3b_soap", [], True), ("qwen3_30b_a3b_soap", ["optim.engine=megatron"], False),
+    ("kimi_k2_adamw", [], True)])
 def test_dry_run_refuses_what_the_stack_cannot_build(name, overrides, ok):
     from nemo_muon.recipes.execute import build_recipe
 
@@ -39,8 +40,8 @@ def test_dry_run_refuses_what_the_stack_cannot_build(name, overrides, ok):
 
 
 def test_launch_dry_run_refuses_it_too():
-    out = subprocess.run([NEMO_MUON, "launch", "--recipe", "kimi_k2_soap", "--executor", "slurm", "--dry-run"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run([NEMO_MUON, "launch", "--recipe", "kimi_k2_soap", "--executor", "slurm", "--dry-run",
+                          "optim.engine=megatron"], capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     assert "cannot run on the installed stack" in out.stderr + out.stdout
 
@@ -63,13 +64,12 @@ def test_architecture_fields_equal_bridges_model_providers(spec, provider, bridg
     assert prov.vocab_size == spec.vocab_size
 
 
-@pytest.mark.parametrize("require, rc", [("muon", 0), ("soap", 1), ("adamw", 0), ("muon,adamw", 0)])
-def test_container_build_check_refuses_an_image_that_cannot_run_its_optimizers(require, rc):
-    """The Dockerfile's last RUN step on this stack: a SOAP image is refused; Muon (nemo-muon's engine) and AdamW
-    images are built, with Megatron's own Muon's break reported."""
+@pytest.mark.parametrize("require", ["muon", "soap", "adamw", "muon,soap,adamw"])
+def test_container_build_check_builds_an_image_for_every_optimizer(require):
+    """The Dockerfile's last RUN step on this stack: Muon, SOAP (nemo-muon's engine) and AdamW images build; the
+    breaks of Megatron's own optimizers are reported, not fatal (the stack CLI's refusal: tests/test_megatron_stack)."""
     out = subprocess.run([sys.executable, "-P", "-m", "nemo_muon.megatron.stack", "--require", require],
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == rc, out.stdout + out.stderr
+    assert out.returncode == 0, out.stdout + out.stderr
     assert "[mcore016-muon-emerging-optimizers] muon (engine 'megatron') cannot run" in out.stdout
-    if rc:
-        assert f"['{require}'] cannot run on this stack" in out.stderr
+    assert "[mcore-soap] soap (engine 'megatron') cannot run" in out.stdout

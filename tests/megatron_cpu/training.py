@@ -86,11 +86,13 @@ def _batch(step: int, dp_rank: int, vocab: int):
 
 
 def _optimizer_config(name: str, engine: str = "nemo_muon"):
-    from nemo_muon.config.optimizer import AdamWConfig, MuonConfig
+    from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
     from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
 
     if name == "adamw":
         return AdamWConfig(lr=LR, weight_decay=0.0)
+    if name == "soap":
+        return SoapConfig(lr=LR, weight_decay=0.0, engine=engine, nonfinite="raise")
     return MuonConfig(lr=LR, weight_decay=0.0, engine=engine, **MEGATRON_MUON_DEFAULTS)
 
 
@@ -382,7 +384,7 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
 
 
 def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any, spec_name: str,
-                                         steps: int) -> dict[str, Any]:
+                                         steps: int, optimizer_name: str = "muon") -> dict[str, Any]:
     """Megatron-Bridge 0.3's own ``setup_optimizer`` (what Bridge's ``setup()`` calls) with the nemo_muon engine hook
     installed, on the tiny model: the optimizer and scheduler Bridge builds, stepped like Bridge's train_step does."""
     import torch
@@ -409,11 +411,11 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
         model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
         torch.manual_seed(SEED)
         model, config, spec = _model(spec_name)
-        opt = _optimizer_config("muon")
+        opt = _optimizer_config(optimizer_name)
         ddp_model = _ddp(model, config, opt, True)
         ddp_model.broadcast_params()
         _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0)
-        bridge_hook.install()
+        bridge_hook.install(opt)
         scheduler_config = SchedulerConfig(lr_decay_style="constant", start_weight_decay=0.0, end_weight_decay=0.0,
                                            weight_decay_incr_style="constant")
         scheduler_config.lr_warmup_steps, scheduler_config.lr_decay_steps = 0, steps
