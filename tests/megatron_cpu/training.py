@@ -85,6 +85,33 @@ def _batch(step: int, dp_rank: int, vocab: int):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int):
+    """Zero the grads, then one micro-batch of step ``step`` forward and backward through Megatron's schedule (grads
+    reduced by DDP's finalize); returns the loss tensor (mean logit-level loss of this rank's batch)."""
+    import torch
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    input_ids, labels = _batch(step, dp_rank, vocab)
+    position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
+    mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
+
+    def forward_step(data_iterator, m):
+        out = m(input_ids, position_ids, mask, labels=labels)
+
+        def loss_func(output_tensor):
+            loss = output_tensor.float().mean()
+            return loss, {"lm loss": loss.detach()}
+
+        return out, loss_func
+
+    ddp_model.zero_grad_buffer()
+    optimizer.zero_grad()
+    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
+                                      num_microbatches=1, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
+                                      forward_only=False)
+    return out[0]["lm loss"]
+
+
 def _optimizer_config(name: str, engine: str = "nemo_muon"):
     from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
     from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
@@ -187,7 +214,6 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
     shims.install()
     from megatron.core import parallel_state
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from nemo_muon.megatron.build import build_megatron_optimizer
@@ -211,23 +237,12 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
         if set(theirs_masters) != set(ours_masters) or not ours_masters:
             raise AssertionError(f"the two engines own different matrices on rank {rank}: "
                                  f"{sorted(set(theirs_masters) ^ set(ours_masters))}")
-        fwd_bwd = get_forward_backward_func()
         dp_rank = parallel_state.get_data_parallel_rank()
-        position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
-        mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
         per_step, losses = [], {"megatron": [], "nemo_muon": []}
         step_s, comm_bytes = {"megatron": [], "nemo_muon": []}, {"megatron": [], "nemo_muon": []}
         for step in range(steps):
-            input_ids, labels = _batch(step, dp_rank, spec.vocab_size)
             for engine, (ddp_model, optimizer, _) in replicas.items():
-                def forward_step(data_iterator, m, input_ids=input_ids, labels=labels):
-                    out = m(input_ids, position_ids, mask, labels=labels)
-                    return out, lambda t: (t.float().mean(), {"lm loss": t.float().mean().detach()})
-
-                ddp_model.zero_grad_buffer()
-                optimizer.zero_grad()
-                out = fwd_bwd(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
-                              num_microbatches=1, seq_length=SEQ, micro_batch_size=MICRO_BATCH, forward_only=False)
+                loss = _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size)
                 with _counting_collectives() as sent:
                     start = time.perf_counter()
                     ok, _, _ = optimizer.step()
@@ -235,7 +250,7 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
                 comm_bytes[engine].append(sent["bytes"])
                 if not ok:
                     raise RuntimeError(f"{engine}: optimizer step {step} was skipped")
-                losses[engine].append(float(out[0]["lm loss"]))
+                losses[engine].append(float(loss))
             master_diff = momentum_diff = scale = 0.0
             with torch.no_grad():
                 for name, (ref, ref_opt) in theirs_masters.items():
@@ -306,7 +321,6 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
     import torch.distributed as dist
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from nemo_muon.megatron.build import build_megatron_optimizer
@@ -334,33 +348,16 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             start = resume_at
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = ddp_model.no_sync
-        fwd_bwd = get_forward_backward_func()
         dp_rank = parallel_state.get_data_parallel_rank()
-        position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
-        mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
         losses: list[float] = []
         lrs: list[float] = []
         for step in range(start, start + steps):
-            input_ids, labels = _batch(step, dp_rank, spec.vocab_size)
-
-            def forward_step(data_iterator, m, input_ids=input_ids, labels=labels):
-                out = m(input_ids, position_ids, mask, labels=labels)
-
-                def loss_func(output_tensor):
-                    loss = output_tensor.float().mean()
-                    return loss, {"lm loss": loss.detach()}
-
-                return out, loss_func
-
-            ddp_model.zero_grad_buffer()
-            optimizer.zero_grad()
-            out = fwd_bwd(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
-                          num_microbatches=1, seq_length=SEQ, micro_batch_size=MICRO_BATCH, forward_only=False)
+            step_loss = _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size)
             lrs.append(optimizer.param_groups[0]["lr"])
             ok, _, _ = optimizer.step()
             if scheduler is not None:
                 scheduler.step()
-            loss = out[0]["lm loss"].reshape(1)
+            loss = step_loss.reshape(1)
             dist.all_reduce(loss, group=group)
             losses.append(float(loss) / world_size)
             if not ok:
@@ -400,7 +397,6 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
     from megatron.bridge.training.optim import setup_optimizer
     from megatron.core import parallel_state
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from nemo_muon.megatron import bridge_hook
@@ -426,27 +422,15 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
                                                use_gloo_process_groups=False)
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = ddp_model.no_sync
-        fwd_bwd = get_forward_backward_func()
         dp_rank = parallel_state.get_data_parallel_rank()
-        position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
-        mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
         losses = []
         for step in range(steps):
-            input_ids, labels = _batch(step, dp_rank, spec.vocab_size)
-
-            def forward_step(data_iterator, m, input_ids=input_ids, labels=labels):
-                out = m(input_ids, position_ids, mask, labels=labels)
-                return out, lambda t: (t.float().mean(), {"lm loss": t.float().mean().detach()})
-
-            ddp_model.zero_grad_buffer()
-            optimizer.zero_grad()
-            out = fwd_bwd(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
-                          num_microbatches=1, seq_length=SEQ, micro_batch_size=MICRO_BATCH, forward_only=False)
+            step_loss = _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size)
             ok, _, _ = optimizer.step()
             if not ok:
                 raise RuntimeError(f"optimizer step {step} was skipped")
             scheduler.step(increment=MICRO_BATCH * world_size)
-            loss = out[0]["lm loss"].reshape(1)
+            loss = step_loss.reshape(1)
             dist.all_reduce(loss, group=group)
             losses.append(float(loss) / world_size)
         flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
