@@ -138,7 +138,8 @@ class SOAP(RoutedOptimizer):
         gg_l, gg_r = g @ g.mT, g.mT @ g
         # first step (no state yet, or the placeholder state `init_soap_state` creates for a checkpoint load, whose
         # step is -1): build the preconditioner only (see the module docstring)
-        if "L" not in state or state["step"].item() < 0:
+        done = int(state["step"].item()) if "L" in state else int(NOT_BUILT_STEP)  # one host read per step
+        if done < 0:
             state["step"] = torch.tensor(0.0)
             state["L"], state["R"] = gg_l, gg_r
             state["Q_L"], state["Q_R"] = _eigenbasis(gg_l), _eigenbasis(gg_r)
@@ -146,7 +147,7 @@ class SOAP(RoutedOptimizer):
             state["exp_avg_sq"] = torch.zeros_like(g)
             return None
         state["step"] += 1
-        t = int(state["step"].item())
+        t = done + 1
         q_l, q_r = state["Q_L"], state["Q_R"]
         g_rot = q_l.mT @ g @ q_r
         state["exp_avg"].lerp_(g_rot, 1 - b1)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from nemo_muon.versions import normalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the package build needs (the Dockerfile's builder stage copies the same).
@@ -34,16 +35,12 @@ _SNAPSHOT = (
 )
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def installed_distributions() -> dict[str, str]:
     """Normalized name -> version of this environment, read by a fresh interpreter (``-P``: a checkout's stale
     ``nemo_muon.egg-info`` in the working directory is not counted)."""
     out = subprocess.run([sys.executable, "-P", "-c", _SNAPSHOT], check=True, capture_output=True, text=True,
                          cwd=Path(sys.prefix), timeout=60).stdout
-    return {_normalize(name): version for name, version in json.loads(out)}
+    return {normalize_name(name): version for name, version in json.loads(out)}
 
 
 def planned_changes(report: dict, installed: dict[str, str]) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
@@ -51,7 +48,7 @@ def planned_changes(report: dict, installed: dict[str, str]) -> tuple[dict[str, 
     it would add: name -> version). nemo-muon itself is neither."""
     replaced, added = {}, {}
     for item in report["install"]:
-        name, version = _normalize(item["metadata"]["name"]), item["metadata"]["version"]
+        name, version = normalize_name(item["metadata"]["name"]), item["metadata"]["version"]
         if name == OURS:
             continue
         if name in installed:
@@ -89,7 +86,7 @@ def test_pip_install_changes_no_distribution_of_the_stack(source: Path, extras: 
     replaced, added = planned_changes(report, installed)
     assert replaced == {}, f"nemo-muon[{extras}] would replace the stack's (installed, planned): {replaced}"
     assert added == {}, f"nemo-muon[{extras}] would add distributions the stack lacks: {added}"
-    planned = [_normalize(item["metadata"]["name"]) for item in report["install"]]
+    planned = [normalize_name(item["metadata"]["name"]) for item in report["install"]]
     assert planned == [OURS], planned
 
 

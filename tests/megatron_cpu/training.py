@@ -85,6 +85,21 @@ def _batch(step: int, dp_rank: int, vocab: int):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon"):
+    """(model, its config, model spec, optimizer config, DDP-wrapped model with params broadcast) from the fixed
+    seed: every replica and every run starts from the same weights."""
+    import torch
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
+    torch.manual_seed(SEED)
+    model, config, spec = _model(spec_name)
+    opt = _optimizer_config(optimizer_name, engine)
+    ddp_model = _ddp(model, config, opt, optimizer_name != "adamw")
+    ddp_model.broadcast_params()
+    return model, config, spec, opt, ddp_model
+
+
 def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int):
     """Zero the grads, then one micro-batch of step ``step`` forward and backward through Megatron's schedule (grads
     reduced by DDP's finalize); returns the loss tensor (mean logit-level loss of this rank's batch)."""
@@ -214,7 +229,6 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
     shims.install()
     from megatron.core import parallel_state
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from nemo_muon.megatron.build import build_megatron_optimizer
 
@@ -222,12 +236,7 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
     try:
         replicas = {}
         for engine in ("megatron", "nemo_muon"):
-            model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
-            torch.manual_seed(SEED)
-            model, config, spec = _model(spec_name)
-            opt = _optimizer_config("muon", engine)
-            ddp_model = _ddp(model, config, opt, True)
-            ddp_model.broadcast_params()
+            model, config, spec, opt, ddp_model = _seeded_model(spec_name, "muon", engine)
             optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection())
             config.finalize_model_grads_func = finalize_model_grads
             config.no_sync_func = ddp_model.no_sync
@@ -321,19 +330,13 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
     import torch.distributed as dist
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from nemo_muon.megatron.build import build_megatron_optimizer
 
     parallel_state.initialize_model_parallel()
     try:
-        model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
-        torch.manual_seed(SEED)
-        model, config, spec = _model(spec_name)
-        opt = _optimizer_config(optimizer_name)
+        model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name)
         layer_wise = optimizer_name != "adamw"
-        ddp_model = _ddp(model, config, opt, layer_wise)
-        ddp_model.broadcast_params()
         scheduler, checkpointed = None, None
         if build == "builder":
             optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection() if layer_wise
@@ -397,19 +400,13 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
     from megatron.bridge.training.optim import setup_optimizer
     from megatron.core import parallel_state
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from nemo_muon.megatron import bridge_hook
     from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
 
     parallel_state.initialize_model_parallel()
     try:
-        model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
-        torch.manual_seed(SEED)
-        model, config, spec = _model(spec_name)
-        opt = _optimizer_config(optimizer_name)
-        ddp_model = _ddp(model, config, opt, True)
-        ddp_model.broadcast_params()
+        model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name)
         _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0)
         bridge_hook.install(opt)
         scheduler_config = SchedulerConfig(lr_decay_style="constant", start_weight_decay=0.0, end_weight_decay=0.0,
