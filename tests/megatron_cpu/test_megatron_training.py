@@ -1,17 +1,21 @@
 """Tiny Kimi-K2-family (MLA, MoE + shared expert, dense first layer) and Qwen3-MoE models train through
 Megatron-Core's real stack on 2 gloo CPU ranks, on whichever Megatron-Core this interpreter has (0.19.2 in .venv,
 0.16.0 in the container-stack environment; `make test` runs this file in both): loss falls, DP replicas are
-identical, and a Megatron `dist_checkpointing` save + resume continues the loss curve bit for bit."""
+identical, a Megatron `dist_checkpointing` save + resume continues the loss curve bit for bit (also at another
+data-parallel size), and a checkpoint of another model, another optimizer or a truncated file is refused."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import shutil
 
+import numpy as np
 import pytest
+from packaging.version import Version
 
 from nemo_muon.megatron.stack import installed_versions, problems_for_optimizer
 from tests.distributed import run_distributed
-from tests.megatron_cpu.training import LR, lockstep_engines, train_tiny
+from tests.megatron_cpu.training import LR, attempt_resumes, lockstep_engines, train_tiny
 
 MCORE = importlib.metadata.version("megatron-core")
 STEPS = 12
@@ -79,3 +83,80 @@ def test_megatron_checkpoint_resume_continues_the_loss_curve(spec, optimizer, tm
                               timeout_s=240, daemon=False)[0]
     assert resumed["losses"] == straight["losses"][3:]  # same steps 4-6, bit for bit, after save + load
     assert resumed["replica_max_diff"] == 0.0
+
+
+RESHARD_TOLERANCE = 1e-4 * LR
+"""Largest |difference| allowed between fp32 master weights after the first step resumed at another DP size and the
+uninterrupted run's after the same step. Both train on the same global batch (`GLOBAL_MICRO_BATCHES`) with fp32
+gradient buffers (DDP's ``grad_reduce_in_fp32``): DP=2 sums the two micro-batch gradients in the all-reduce, DP=1
+accumulates them in its buffer, so the gradients agree to fp32 rounding, which Newton–Schulz amplifies; measured:
+2.3e-7 = 2.3e-5 x lr on Megatron-Core 0.19.2 (2 -> 1 and 1 -> 2), 0 on 0.16.0. With bf16 gradient buffers (the
+product default) the same comparison differs by bf16 rounding instead."""
+
+
+def _train_resharded(rank, world_size, group, spec, optimizer, steps, checkpoint_dir, save_after, resume_at):
+    return train_tiny(rank, world_size, group, spec, optimizer, steps, (), checkpoint_dir, save_after, resume_at,
+                      grad_reduce_in_fp32=True, with_masters=True)
+
+
+def _all_masters(rank_results: list[dict]) -> dict[str, np.ndarray]:
+    """Merge the ranks' fp32 masters; each parameter is owned by exactly one DP rank."""
+    merged: dict[str, np.ndarray] = {}
+    for result in rank_results:
+        for name, master in result["masters"].items():
+            assert name not in merged, f"{name} is owned by two data-parallel ranks"
+            merged[name] = master
+    return merged
+
+
+@pytest.mark.parametrize("saved_at_dp, resumed_at_dp", [(2, 1), (1, 2)])
+def test_layer_wise_checkpoint_resumes_at_another_data_parallel_size(saved_at_dp, resumed_at_dp, tmp_path):
+    """Our Muon inside Megatron's layer-wise optimizer: save at one DP size, resume at another, and the next step
+    equals the uninterrupted run's (masters of every matrix and of Adam's parameters)."""
+    args = ("tiny_kimi_k2", "muon")
+    straight = run_distributed(_train_resharded, world_size=saved_at_dp, args=(*args, 4, str(tmp_path), 3, None),
+                               timeout_s=300, daemon=False)
+    resumed = run_distributed(_train_resharded, world_size=resumed_at_dp, args=(*args, 1, str(tmp_path), None, 3),
+                              timeout_s=300, daemon=False)
+    assert "MegatronMuon" in resumed[0]["optimizers"]
+    # the resumed forward is the uninterrupted run's step 4 (same weights, same global batch)
+    assert resumed[0]["losses"][0] == pytest.approx(straight[0]["losses"][3], rel=1e-6)
+    expected, got = _all_masters(straight), _all_masters(resumed)
+    assert got.keys() == expected.keys()
+    worst = max((float(np.abs(got[n] - expected[n]).max()), n) for n in expected)
+    assert worst[0] <= RESHARD_TOLERANCE, worst
+
+
+def test_checkpoint_of_another_model_optimizer_or_a_truncated_file_is_refused(tmp_path):
+    """Megatron's `dist_checkpointing` refuses a checkpoint whose keys or shapes do not match the model and optimizer
+    being resumed, and a shard file cut in half. It loads in place into the live tensors, so a refusal can leave them
+    partly overwritten (measured: a key mismatch zeroes the embedding and output layer, which Megatron pre-fills
+    before its key check; a truncated shard leaves the masters read so far): the error must end the run, as it does
+    in Bridge's setup and here. Megatron-Core 0.19's integrity manifest (``verify_integrity``, SHA-256 per file,
+    checked before anything is read) refuses the truncated file with nothing touched; 0.16 has no manifest."""
+    good = tmp_path / "muon"
+    good.mkdir()
+    run_distributed(train_tiny, world_size=2, args=("tiny_kimi_k2", "muon", 1, (), str(good), 1), timeout_s=300,
+                    daemon=False)
+    truncated = tmp_path / "truncated"
+    shutil.copytree(good, truncated)
+    shard = sorted(truncated.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    attempts = [("tiny_kimi_k2", "muon", str(good)),        # control: the comparison sees a real load
+                ("tiny_qwen3_moe", "muon", str(good)),      # another model
+                ("tiny_kimi_k2", "adamw", str(good)),       # another optimizer (Adam's state is not in it)
+                ("tiny_kimi_k2", "muon", str(truncated))]   # a shard file cut in half
+    manifest = (good / "integrity.json").exists()
+    assert manifest == (Version(MCORE) >= Version("0.19")), "Megatron-Core 0.19 writes the integrity manifest, 0.16 cannot"
+    for control, other_model, other_optimizer, cut in run_distributed(attempt_resumes, world_size=2,
+                                                                      args=(attempts,), timeout_s=300, daemon=False):
+        assert control["error"] is None and not control["unchanged"]
+        assert "decoder.layers" in other_model["error"]  # names the keys the model has and the file lacks
+        assert other_optimizer["error"] is not None
+        assert cut["error"] is not None
+        if manifest:
+            assert "integrity" in cut["error"].lower() or "hash" in cut["error"].lower(), cut["error"][:500]
+            assert cut["unchanged"], cut["changed"]
+    with pytest.raises(RuntimeError, match="CheckpointException|CheckpointingException|EOFError"):
+        run_distributed(train_tiny, world_size=2, args=("tiny_kimi_k2", "muon", 1, (), str(truncated), None, 1),
+                        timeout_s=300, daemon=False)

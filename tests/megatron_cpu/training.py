@@ -53,12 +53,12 @@ def _model(spec_name: str):
     return Float16Module(config, model), config, spec
 
 
-def _ddp(model, config, opt, layer_wise: bool):
+def _ddp(model, config, opt, layer_wise: bool, grad_reduce_in_fp32: bool = False):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     from nemo_muon.megatron.build import ddp_config_kwargs
 
-    ddp_config = DistributedDataParallelConfig(**ddp_config_kwargs(opt))
+    ddp_config = DistributedDataParallelConfig(**{**ddp_config_kwargs(opt), "grad_reduce_in_fp32": grad_reduce_in_fp32})
     try:  # Megatron-Core >= 0.18 ships the wiring that computes the layer-wise param layout
         from megatron.training.training import wrap_model_chunks_with_ddp
     except ImportError:  # 0.16: the wheel has no megatron.training
@@ -85,9 +85,10 @@ def _batch(step: int, dp_rank: int, vocab: int):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon"):
+def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon", grad_reduce_in_fp32: bool = False):
     """(model, its config, model spec, optimizer config, DDP-wrapped model with params broadcast) from the fixed
-    seed: every replica and every run starts from the same weights."""
+    seed: every replica and every run starts from the same weights. ``grad_reduce_in_fp32``: DDP's fp32 gradient
+    buffer (the product's default is bf16 reductions)."""
     import torch
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -95,36 +96,43 @@ def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon"
     torch.manual_seed(SEED)
     model, config, spec = _model(spec_name)
     opt = _optimizer_config(optimizer_name, engine)
-    ddp_model = _ddp(model, config, opt, optimizer_name != "adamw")
+    ddp_model = _ddp(model, config, opt, optimizer_name != "adamw", grad_reduce_in_fp32)
     ddp_model.broadcast_params()
     return model, config, spec, opt, ddp_model
 
 
-def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int):
-    """Zero the grads, then one micro-batch of step ``step`` forward and backward through Megatron's schedule (grads
-    reduced by DDP's finalize); returns the loss tensor (mean logit-level loss of this rank's batch)."""
+GLOBAL_MICRO_BATCHES = 2
+"""Micro-batches per optimizer step across all data-parallel ranks: each DP rank runs ``GLOBAL_MICRO_BATCHES // DP``
+of them (batch ids ``dp_rank * that + i``), so DP=1 and DP=2 train on the same global batch."""
+
+
+def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int, micro_batches: int = 1):
+    """Zero the grads, then ``micro_batches`` micro-batches of step ``step`` forward and backward through Megatron's
+    schedule (grads accumulated, then reduced by DDP's finalize); returns the loss tensor (mean logit-level loss of
+    this rank's micro-batches)."""
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    input_ids, labels = _batch(step, dp_rank, vocab)
+    batches = [_batch(step, dp_rank * micro_batches + i, vocab) for i in range(micro_batches)]
     position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
     mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
 
     def forward_step(data_iterator, m):
+        input_ids, labels = next(data_iterator)
         out = m(input_ids, position_ids, mask, labels=labels)
 
         def loss_func(output_tensor):
             loss = output_tensor.float().mean()
-            return loss, {"lm loss": loss.detach()}
+            return loss, {"lm loss": loss.detach().clone()}  # the schedule divides the loss in place
 
         return out, loss_func
 
     ddp_model.zero_grad_buffer()
     optimizer.zero_grad()
-    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
-                                      num_microbatches=1, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
+    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=[ddp_model],
+                                      num_microbatches=micro_batches, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
                                       forward_only=False)
-    return out[0]["lm loss"]
+    return torch.stack([o["lm loss"] for o in out]).mean()
 
 
 def _optimizer_config(name: str, engine: str = "nemo_muon"):
@@ -166,6 +174,25 @@ def _matrix_masters(optimizer, names: dict[int, str]) -> dict[str, tuple]:
     return out
 
 
+def _masters(optimizer, names: dict[int, str]) -> dict[str, Any]:
+    """Model parameter name -> fp32 master weight (numpy) of every parameter this rank's Megatron optimizer updates
+    (the bf16 parameters' fp32 copies and the fp32 parameters themselves; under the layer-wise optimizer: the ones
+    this DP rank owns)."""
+    out = {}
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if sub is not optimizer and hasattr(sub, "chained_optimizers"):
+            out.update(_masters(sub, names))
+            continue
+        for model_group, master_group in zip(getattr(sub, "float16_groups", []),
+                                             getattr(sub, "fp32_from_float16_groups", []), strict=True):
+            for model_p, master in zip(model_group, master_group, strict=True):
+                out[names[id(model_p)]] = master.detach().float().numpy().copy()
+        for group in getattr(sub, "fp32_from_fp32_groups", []):
+            for p in group:
+                out[names[id(p)]] = p.detach().float().numpy().copy()
+    return out
+
+
 CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 """What megatron.training passes for torch_dist checkpoints: distributed-optimizer state in model space."""
 
@@ -174,6 +201,17 @@ def _checkpoint_state(ddp_model, optimizer, *, loading: bool) -> dict:
     model_sd = ddp_model.module.sharded_state_dict(metadata=CHECKPOINT_METADATA)
     return {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=loading,
                                                                          metadata=CHECKPOINT_METADATA)}
+
+
+def integrity_check() -> dict[str, bool]:
+    """``verify_integrity=True`` where `dist_checkpointing.save` / ``load`` have it (Megatron-Core 0.19: a SHA-256
+    manifest written on save and checked before anything is read on load); nothing on 0.16, which has none."""
+    import inspect
+
+    from megatron.core import dist_checkpointing
+
+    return {"verify_integrity": True} if "verify_integrity" in inspect.signature(dist_checkpointing.load).parameters \
+        else {}
 
 
 @contextlib.contextmanager
@@ -315,12 +353,15 @@ def _nemo2_optimizer(opt, ddp_model, build: str, steps: int):
 
 def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str, steps: int,
                without_shims: tuple[str, ...] = (), checkpoint_dir: str | None = None, save_after: int | None = None,
-               resume_at: int | None = None, build: str = "builder") -> dict[str, Any]:
-    """Train ``steps`` steps of the tiny model ``spec_name`` with ``optimizer_name`` ('adamw' or 'muon').
+               resume_at: int | None = None, build: str = "builder", grad_reduce_in_fp32: bool = False,
+               with_masters: bool = False) -> dict[str, Any]:
+    """Train ``steps`` steps of the tiny model ``spec_name`` with ``optimizer_name`` ('adamw', 'muon' or 'soap').
 
+    Each step trains on the same global batch at any DP size (`GLOBAL_MICRO_BATCHES`).
     ``save_after``: save a Megatron `dist_checkpointing` checkpoint to ``checkpoint_dir`` after that many steps;
     ``resume_at``: load it first and continue from that step (the batches follow the step number).
-    ``build``: one of `BUILDS`.
+    ``build``: one of `BUILDS`. ``grad_reduce_in_fp32``: see `_seeded_model`. ``with_masters``: also return the
+    fp32 master weights this rank's optimizer updates (``"masters"``: name -> numpy array).
     """
     import torch
 
@@ -335,7 +376,8 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
 
     parallel_state.initialize_model_parallel()
     try:
-        model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name)
+        model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name,
+                                                            grad_reduce_in_fp32=grad_reduce_in_fp32)
         layer_wise = optimizer_name != "adamw"
         scheduler, checkpointed = None, None
         if build == "builder":
@@ -345,17 +387,19 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             optimizer, checkpointed, scheduler = _nemo2_optimizer(opt, ddp_model, build, steps)
         start = 0
         if resume_at is not None:
-            loaded = dist_checkpointing.load(_checkpoint_state(ddp_model, optimizer, loading=True), checkpoint_dir)
+            loaded = dist_checkpointing.load(_checkpoint_state(ddp_model, optimizer, loading=True), checkpoint_dir,
+                                             **integrity_check())
             ddp_model.module.load_state_dict(loaded["model"])
             optimizer.load_state_dict(loaded["optimizer"])
             start = resume_at
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = ddp_model.no_sync
         dp_rank = parallel_state.get_data_parallel_rank()
+        micro_batches = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
         losses: list[float] = []
         lrs: list[float] = []
         for step in range(start, start + steps):
-            step_loss = _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size)
+            step_loss = _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size, micro_batches)
             lrs.append(optimizer.param_groups[0]["lr"])
             ok, _, _ = optimizer.step()
             if scheduler is not None:
@@ -367,10 +411,11 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
                 raise RuntimeError(f"optimizer step {step} was skipped")
             if save_after is not None and step + 1 == save_after:
                 dist_checkpointing.save(_checkpoint_state(ddp_model, checkpointed or optimizer, loading=False),
-                                        checkpoint_dir)
+                                        checkpoint_dir, **integrity_check())
         flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
         replicas = [torch.zeros_like(flat) for _ in range(world_size)]
         dist.all_gather(replicas, flat, group=group)
+        names = {id(p): n for n, p in ddp_model.module.named_parameters()}
         return {
             "losses": losses,
             "lrs": lrs,
@@ -378,6 +423,7 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             "num_params": int(flat.numel()),
             "optimizers": _optimizer_classes(optimizer),
             "shim_hits": {n: sorted(f) for n, f in shims.hits_by_file().items()},
+            **({"masters": _masters(optimizer, names)} if with_masters else {}),
         }
     finally:
         parallel_state.destroy_model_parallel()
@@ -437,3 +483,68 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
                 "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas)}
     finally:
         parallel_state.destroy_model_parallel()
+
+
+def _state_tensors(ddp_model, optimizer, names: dict[int, str]) -> dict[str, Any]:
+    """Copies of every model weight, fp32 master and optimizer-state tensor, by a readable label."""
+    import torch
+
+    tensors = {f"weight {n}": p.detach().clone() for n, p in ddp_model.module.named_parameters()}
+    tensors |= {f"master {n}": torch.from_numpy(m) for n, m in _masters(optimizer, names).items()}
+    for i, sub in enumerate(getattr(optimizer, "chained_optimizers", [optimizer])):
+        for group in sub.optimizer.param_groups:
+            for j, p in enumerate(group["params"]):
+                for k, v in sub.optimizer.state.get(p, {}).items():
+                    if isinstance(v, torch.Tensor):
+                        tensors[f"state {i}.{j}.{k}"] = v.detach().clone()
+    return tensors
+
+
+def _bits(tensor):
+    """The tensor's bytes (so that equal NaN placeholders compare equal)."""
+    import torch
+
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8) if tensor.numel() else tensor
+
+
+def attempt_resumes(rank: int, world_size: int, group: Any, attempts: list[tuple[str, str, str]]) -> list[dict]:
+    """For each (model spec, optimizer name, checkpoint dir): build the model and optimizer from the fixed seed, try
+    Megatron's `dist_checkpointing.load` + the model's and optimizer's load_state_dict, and report the error raised
+    (type and message) and whether the model weights, fp32 masters and optimizer state are exactly as before."""
+    import torch
+
+    from tests.megatron_cpu import shims
+
+    shims.install()
+    from megatron.core import dist_checkpointing, parallel_state
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    from nemo_muon.megatron.build import build_megatron_optimizer
+
+    outcomes = []
+    for spec_name, optimizer_name, checkpoint_dir in attempts:
+        parallel_state.initialize_model_parallel()
+        try:
+            _, _, _, opt, ddp_model = _seeded_model(spec_name, optimizer_name)
+            layer_wise = optimizer_name != "adamw"
+            optimizer, _ = build_megatron_optimizer(opt, [ddp_model],
+                                                    pg_collection=_pg_collection() if layer_wise else None)
+            names = {id(p): n for n, p in ddp_model.module.named_parameters()}
+
+            # the load's sharded state dict creates the optimizer's placeholder state: compare from there
+            state_for_load = _checkpoint_state(ddp_model, optimizer, loading=True)
+            before, error = _state_tensors(ddp_model, optimizer, names), None
+            try:
+                loaded = dist_checkpointing.load(state_for_load, checkpoint_dir, **integrity_check())
+                ddp_model.module.load_state_dict(loaded["model"])
+                optimizer.load_state_dict(loaded["optimizer"])
+            except (Exception, CheckpointException) as exc:  # what Megatron raises is the subject of the test
+                error = f"{type(exc).__name__}: {exc}"
+            after = _state_tensors(ddp_model, optimizer, names)
+            changed = sorted(k for k in before.keys() | after.keys()
+                             if k not in before or k not in after or not torch.equal(_bits(before[k]), _bits(after[k])))
+            unchanged = not changed
+            outcomes.append({"error": error, "unchanged": unchanged, "changed": changed[:5]})
+        finally:
+            parallel_state.destroy_model_parallel()
+    return outcomes
