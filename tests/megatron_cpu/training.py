@@ -159,14 +159,15 @@ def _optimizer_classes(optimizer) -> list[str]:
 
 def _matrix_masters(optimizer, names: dict[int, str]) -> dict[str, tuple]:
     """Model parameter name -> (fp32 master weight, the torch optimizer that updates it) for the bf16 parameters of
-    the layer-wise optimizer's matrix optimizer (Megatron's TensorParallelMuon or our MegatronMuon) on this rank."""
+    the layer-wise optimizer's matrix optimizer (Megatron's TensorParallelMuon, our MegatronMuon or MegatronSoap) on
+    this rank."""
     out = {}
     if hasattr(optimizer, "chained_optimizers"):
         for sub in optimizer.chained_optimizers:
             out.update(_matrix_masters(sub, names))
         return out
     inner = getattr(optimizer, "optimizer", None)
-    if inner is not None and "Muon" in type(inner).__name__:
+    if inner is not None and any(k in type(inner).__name__ for k in ("Muon", "Soap")):
         for model_group, master_group in zip(optimizer.float16_groups, optimizer.fp32_from_float16_groups,
                                              strict=True):
             for model_p, master in zip(model_group, master_group, strict=True):
@@ -318,6 +319,61 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
                 "step_s": step_s, "collective_bytes": comm_bytes,
                 "ns_flops_on_rank": sum(matrix_ns_flops(tuple(m.shape)) for m, _ in ours_masters.values()),
                 "optimizers": {e: _optimizer_classes(o) for e, (_, o, _) in replicas.items()}}
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def soap_against_single_process_reference(rank: int, world_size: int, group: Any, spec_name: str,
+                                          steps: int) -> dict[str, Any]:
+    """Our SOAP inside Megatron's layer-wise optimizer (engine nemo_muon) beside a plain single-process
+    `nemo_muon.SOAP` over fp32 copies of the matrices this DP rank owns, fed the same DP-reduced gradients each step
+    (Megatron's ``main_grad``, what its wrapper hands our optimizer). Returns per step the largest |difference|
+    between Megatron's fp32 masters and the reference's parameters, relative to the largest |value|."""
+    import torch
+
+    from tests.megatron_cpu import shims
+
+    shims.install()
+    from megatron.core import parallel_state
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    from nemo_muon.megatron.build import build_megatron_optimizer
+    from nemo_muon.optim.routing import MATRIX
+    from nemo_muon.optim.soap import SOAP
+
+    parallel_state.initialize_model_parallel()
+    try:
+        _, config, spec, opt, ddp_model = _seeded_model(spec_name, "soap")
+        optimizer, optimizer_config = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection())
+        config_clip = optimizer_config.clip_grad
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = ddp_model.no_sync
+        params = dict(ddp_model.module.named_parameters())
+        masters = _matrix_masters(optimizer, {id(p): n for n, p in params.items()})
+        owned = sorted(masters)
+        copies = [masters[n][0].detach().clone() for n in owned]
+        reference = SOAP([{"params": copies, "param_names": owned, "algorithm": MATRIX}], lr=opt.lr,
+                         weight_decay=opt.weight_decay, betas=tuple(opt.betas), shampoo_beta=opt.shampoo_beta,
+                         eps=opt.eps, precondition_frequency=opt.precondition_frequency, nonfinite="raise")
+        dp_rank = parallel_state.get_data_parallel_rank()
+        per_step = []
+        for step in range(steps):
+            _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size)
+            for name, copy in zip(owned, copies, strict=True):
+                copy.grad = params[name].main_grad.detach().float().clone()
+            ok, grad_norm, _ = optimizer.step()
+            if not ok:
+                raise RuntimeError(f"optimizer step {step} was skipped")
+            clip = config_clip / (grad_norm + 1.0e-6)  # Megatron's clip by the global norm, before its step
+            if clip < 1.0:
+                for copy in copies:
+                    copy.grad.mul_(clip)
+            reference.step()
+            with torch.no_grad():
+                diff = max(float((masters[n][0] - c).abs().max()) for n, c in zip(owned, copies, strict=True))
+                scale = max(float(c.abs().max()) for c in copies)
+            per_step.append({"max_abs_diff": diff, "max_abs": scale})
+        return {"per_step": per_step, "owned": owned, "optimizers": _optimizer_classes(optimizer)}
     finally:
         parallel_state.destroy_model_parallel()
 
