@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import click
-from nemo_muon.launchers.secrets import MASK, is_secret_name
+from nemo_muon.launchers.secrets import MASK, is_secret
 
 STATUSES: tuple[str, ...] = ("ok", "warn", "fail")
 DISTRIBUTIONS: tuple[str, ...] = ("torch", "transformer-engine", "megatron-core", "megatron-bridge", "nemo-toolkit",
@@ -68,7 +68,7 @@ def collect_facts(environ: Mapping[str, str] | None = None) -> Facts:
     """Probe this machine (imports torch if installed; never fails)."""
     environ = os.environ if environ is None else environ
     facts = Facts(python=platform.python_version(), distributions={d: _version(d) for d in DISTRIBUTIONS})
-    facts.env = {k: (MASK if is_secret_name(k) else v) for k, v in sorted(environ.items())
+    facts.env = {k: (MASK if is_secret(k, v) else v) for k, v in sorted(environ.items())
                  if k.startswith(KEY_ENV_PREFIXES)}
     if facts.distributions["torch"] is None:
         return facts

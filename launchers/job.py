@@ -18,7 +18,7 @@ from typing import Any
 from nemo_muon.launchers.docker import docker_argv
 from nemo_muon.launchers.profiles import EXECUTORS, ClusterProfile, get_profile
 from nemo_muon.launchers.run_recipe import LAUNCH_ENV_VAR
-from nemo_muon.launchers.secrets import MASK, is_secret_name, split_secrets
+from nemo_muon.launchers.secrets import MASK, split_secrets
 from nemo_muon.launchers.slurm import SlurmJob, render_sbatch, sbatch_argv
 
 ENTRY_MODULE = "nemo_muon.launchers.run_recipe"
@@ -28,7 +28,6 @@ MULTI_NODE_DOCKER_VARS: tuple[str, ...] = ("PET_NODE_RANK", "PET_MASTER_ADDR")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MOUNT_PART = re.compile(r"^/[^,:\s]*$")
 _MOUNT_FLAGS = ("ro", "rw")
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class LaunchError(ValueError):
@@ -106,7 +105,7 @@ class LaunchPlan:
 def parse_mount(text: str) -> str:
     """Check ``SRC:DST[:ro|rw]`` with absolute paths and no commas/whitespace; returns it unchanged."""
     parts = text.split(":")
-    ok = 2 <= len(parts) <= 3 and all(_MOUNT_PART.match(p) for p in parts[:2])
+    ok = 2 <= len(parts) <= 3 and all(_MOUNT_PART.fullmatch(p) for p in parts[:2])
     if ok and len(parts) == 3:
         ok = parts[2] in _MOUNT_FLAGS
     if not ok:
@@ -141,63 +140,47 @@ def _pick(option: Any, profile: ClusterProfile | None, key: str, default: Any = 
 
 def _resolve_recipe(opts: LaunchOptions, profile: ClusterProfile | None) -> tuple[Any, list[str]]:
     from nemo_muon.recipes import get_recipe, list_recipes
-    from nemo_muon.recipes.overrides import apply_overrides, split_override
+    from nemo_muon.recipes.execute import build_recipe
+    from nemo_muon.recipes.overrides import apply_overrides, check_secret_overrides
+
+    from nemo_muon.accounting.layout import LayoutError
 
     names = list_recipes()
     if opts.recipe not in names:
         raise LaunchError(f"--recipe must be one of {tuple(names)}; got {opts.recipe!r}")
     base = get_recipe(opts.recipe)
     overrides = list(opts.overrides)
-    for arg in overrides:
-        key, _ = split_override(arg)
-        if key.startswith("env.") and is_secret_name(key[4:]):
-            raise LaunchError(f"override {key} looks like a secret; pass it with --env {key[4:]} (forwarded from "
-                              "your environment, never written to the job script)")
+    try:
+        check_secret_overrides(overrides)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
     gpus_per_node = _pick(opts.gpus_per_node, profile, "gpus_per_node")
     if opts.nodes is not None and opts.nodes != base.system.num_nodes:
         overrides.append(f"system.num_nodes={opts.nodes}")
     if gpus_per_node is not None and gpus_per_node != base.system.gpus_per_node:
         overrides.append(f"system.gpus_per_node={gpus_per_node}")
-    try:
+    try:  # the one validation every entry point runs (nemo_muon.run_checks.check_run)
+        recipe = build_recipe(opts.recipe, overrides)
+    except LayoutError as e:
         recipe = apply_overrides(base, overrides)
+        sys_, par = recipe.system, recipe.parallelism
+        raise LaunchError(
+            f"--nodes x --gpus-per-node = {sys_.num_nodes} x {sys_.gpus_per_node} = {sys_.world_size} GPUs does not "
+            f"fit recipe {opts.recipe}'s layout (tp={par.tp} pp={par.pp} cp={par.cp} ep={par.ep}): {e}") from None
     except ValueError as e:
         raise LaunchError(str(e)) from None
     if profile is not None and profile.system is not None and recipe.system.gpu != profile.system:
         raise LaunchError(f"--recipe {opts.recipe} runs on system.gpu={recipe.system.gpu!r}, but cluster "
                           f"{profile.name!r} has system {profile.system!r}; pick a recipe for {profile.system}")
-    _check_layout(opts.recipe, recipe)
-    from nemo_muon.megatron.stack import check_recipe_stack
-
-    try:
-        check_recipe_stack(recipe)
-    except ValueError as e:
-        raise LaunchError(str(e)) from None
     root = Path(recipe.logging.root).expanduser().absolute()
     if str(root) != recipe.logging.root:
+        try:
+            recipe = apply_overrides(recipe, [f"logging.root={root}"])
+        except ValueError as e:
+            raise LaunchError(f"{e} (logging.root={recipe.logging.root!r} resolved against the current folder)") \
+                from None
         overrides.append(f"logging.root={root}")
-        recipe = apply_overrides(recipe, [f"logging.root={root}"])
     return recipe, overrides
-
-
-def _check_layout(name: str, recipe: Any) -> None:
-    from nemo_muon.accounting.layout import validate_layout
-
-    try:
-        from nemo_muon.recipes.systems import GPUS_PER_NODE
-    except ImportError:  # pragma: no cover - the recipes package always has it
-        GPUS_PER_NODE = {}
-    sys_ = recipe.system
-    limit = GPUS_PER_NODE.get(sys_.gpu)
-    if limit is not None and sys_.gpus_per_node > limit:
-        raise LaunchError(f"--gpus-per-node must be <= {limit} on {sys_.gpu} nodes; got {sys_.gpus_per_node}")
-    try:
-        validate_layout(recipe)
-    except ValueError as e:
-        raise LaunchError(
-            f"--nodes x --gpus-per-node = {sys_.num_nodes} x {sys_.gpus_per_node} = {sys_.world_size} GPUs does not "
-            f"fit recipe {name}'s layout (tp={recipe.parallelism.tp} pp={recipe.parallelism.pp} "
-            f"cp={recipe.parallelism.cp} ep={recipe.parallelism.ep}): {e}"
-        ) from None
 
 
 def _next_script_path(run_dir: Path, job_name: str) -> Path:
@@ -219,10 +202,7 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
         raise LaunchError(f"--executor must be one of {EXECUTORS}; got {executor!r}")
     mounts = [parse_mount(m) for m in [*(profile.mounts if profile else []), *opts.mounts]]
     recipe, overrides = _resolve_recipe(opts, profile)
-    run_name = recipe.logging.run_name or recipe.name
-    if not _RUN_NAME.match(run_name):
-        raise LaunchError(f"logging.run_name must match [A-Za-z0-9][A-Za-z0-9_.-]* to name a run folder; "
-                          f"got {run_name!r}")
+    run_name = recipe.logging.run_name or recipe.name  # one folder name: the config checks it (limits.RUN_NAME)
     root = Path(recipe.logging.root)
     run_dir = root / run_name
     if (run_dir / "metrics.jsonl").exists() and not recipe.checkpoint.resume:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
+from nemo_muon.launchers.cli_types import FINITE_POSITIVE
 from nemo_muon.launchers.job import LaunchError, LaunchOptions, LaunchPlan, build_plan
 from nemo_muon.launchers.secrets import mask_text, secret_values
 
@@ -129,7 +130,7 @@ def usage_error(e: Exception, env_items: tuple[str, ...] = ()) -> click.UsageErr
 @launch_options
 @click.option("--dry-run", is_flag=True, help="Print exactly what would be submitted or run; submit nothing.")
 @click.option("--wait/--no-wait", default=False, help="Slurm: wait for the job to finish [default: no-wait].")
-@click.option("--wait-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+@click.option("--wait-timeout", type=FINITE_POSITIVE, default=None, metavar="SECONDS",
               help="Stop waiting after this long (the job keeps running) [default: no limit].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def launch(recipe: str, executor: str | None, cluster: str | None, profiles: str | None, nodes: int | None,

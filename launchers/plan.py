@@ -9,6 +9,9 @@ import json
 from typing import Any
 
 import click
+from nemo_muon.launchers.cli_types import FINITE_POSITIVE
+
+from nemo_muon.config.limits import MAX_WORLD_SIZE
 
 
 def _fmt_flops(x: float) -> str:
@@ -77,7 +80,7 @@ def _human(plan: dict[str, Any]) -> str:
 
 @click.command("plan")
 @click.option("--recipe", "recipe_name", required=True, help="Recipe name (list them with `nemo-muon recipes`).")
-@click.option("--gpus", type=click.IntRange(min=1), default=None,
+@click.option("--gpus", type=click.IntRange(min=1, max=MAX_WORLD_SIZE), default=None,
               help="World size to plan for (default: the recipe's); layout and batch stay the recipe's.")
 @click.option("--gpu", default=None, help="GPU whose peak prices NS time and MFU (default: the recipe's).")
 @click.option("--gpu-peaks", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -85,15 +88,16 @@ def _human(plan: dict[str, Any]) -> str:
 @click.option("--syrk", is_flag=True, help="Count NS with SYRK for X·Xᵀ and A·A (15m²n + 5m³ for 5 steps).")
 @click.option("--pipeline-layout", default=None,
               help="Explicit Megatron pipeline layout string, e.g. 'Et|(tt|)*30L' (default: derived from PP·VP).")
-@click.option("--step-time", type=click.FloatRange(min=0.0, min_open=True), default=None,
+@click.option("--step-time", type=FINITE_POSITIVE, default=None,
               help="A measured step time in seconds: adds TFLOP/s/GPU and MFU, model-only and model + NS.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a recipe field before planning, e.g. --set optimizer.split_gate_up=true (repeatable).")
+              help="Override a recipe field before planning, e.g. --set trainer.global_batch_size=8192 (repeatable;"
+              " checked like launch and --dryrun check it).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | None, syrk: bool,
          pipeline_layout: str | None, step_time: float | None, overrides: tuple[str, ...], as_json: bool) -> None:
     """Validate a recipe's layout and print what Muon will cost on each rank, before launching it."""
-    from nemo_muon.recipes import get_recipe
+    from nemo_muon.recipes.execute import build_recipe
 
     from nemo_muon.accounting.gpu_peaks import known_gpus, load_gpu_peaks
     from nemo_muon.accounting.planner import plan_recipe
@@ -103,11 +107,7 @@ def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | N
             load_gpu_peaks(gpu_peaks)
         if gpu is not None and gpu.lower() not in known_gpus():
             raise ValueError(f"--gpu must be one of {tuple(known_gpus())} (or add it with --gpu-peaks); got {gpu!r}")
-        recipe = get_recipe(recipe_name)
-        if overrides:
-            from nemo_muon.recipes.overrides import apply_overrides
-
-            recipe = apply_overrides(recipe, list(overrides))
+        recipe = build_recipe(recipe_name, list(overrides))  # the one validation launch and --dryrun run
         result = plan_recipe(recipe, gpus, gpu=gpu.lower() if gpu else None, syrk=syrk, step_time_s=step_time,
                              stage_layers=pipeline_layout)
     except ValueError as e:

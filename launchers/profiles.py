@@ -15,29 +15,52 @@ File format (a mapping of profile name -> settings; every key optional)::
       env: {NCCL_DEBUG: WARN}
 
 The file is ``--profiles FILE``, else ``$NEMO_MUON_PROFILES``, else ``~/.config/nemo-muon/clusters.yaml``.
-Command-line options override a profile's values. A malformed file raises ValueError naming the file, the key and
-what is allowed. Torch-free.
+Command-line options override a profile's values. The file is read with `nemo_muon.launchers.bounded_yaml` (at most
+256 KiB, UTF-8, no aliases, no duplicate profile names or keys) and every value is checked here: account and
+partition as Slurm writes them unquoted (``[A-Za-z0-9_.:@+-/]``, so ``$(...)`` is refused), time as a Slurm time
+limit, image as an image reference or path, gpus_per_node as an integer 1..`MAX_GPUS_PER_NODE` (at most the
+system's GPUs per node when ``system`` is set), mounts as ``SRC:DST[:ro|rw]``, env names as shell identifiers with
+string or finite-number values. A malformed file raises ValueError naming the file, the field, the value (cut to
+120 characters, credentials and secret env values masked) and what is allowed. Torch-free.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_muon.launchers.bounded_yaml import MAX_MESSAGE, cut, load_yaml_file
+from nemo_muon.launchers.secrets import MASK, is_secret_name, is_secret_value, shown
+from nemo_muon.launchers.slurm import SAFE_VALUE, TIME_LIMIT
+
 EXECUTORS: tuple[str, ...] = ("local", "slurm", "docker")
 PROFILE_KEYS: tuple[str, ...] = ("executor", "system", "account", "partition", "time", "gpus_per_node", "image",
                                  "container", "mounts", "env")
 PROFILES_ENV_VAR = "NEMO_MUON_PROFILES"
 DEFAULT_PROFILES_PATH = Path("~/.config/nemo-muon/clusters.yaml")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_GPUS_PER_NODE = 256
+"""Upper bound of gpus_per_node when the profile names no GPU system (training processes per node on gpu=cpu
+recipes; the recipe's own check, system.gpus_per_node, has the same bound)."""
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_IMAGE = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_.:/@#+-]*")
+_MOUNT = "'SRC:DST' or 'SRC:DST:ro|rw' with absolute paths (no ',' or whitespace)"
+_STRING_RULES: dict[str, tuple[re.Pattern[str], str]] = {
+    "account": (SAFE_VALUE, "a Slurm account of [A-Za-z0-9_.:@+-/] (no spaces or shell characters)"),
+    "partition": (SAFE_VALUE, "a Slurm partition of [A-Za-z0-9_.:@+-/] (no spaces or shell characters)"),
+    "time": (TIME_LIMIT, "a Slurm time limit [D-]HH:MM:SS (or MM, MM:SS, D-HH)"),
+    "image": (_IMAGE, "an image reference or path of [A-Za-z0-9_.:/@#+-] (e.g. nvcr.io/nvidia/nemo:26.02)"),
+}
 
 
 @dataclass(kw_only=True)
 class ClusterProfile:
-    """One cluster's launch defaults (None = not set: the recipe or the command line decides)."""
+    """One cluster's launch defaults (None = not set: the recipe or the command line decides); validated at
+    construction, errors naming ``source`` (the profiles file) and ``<name>.<field>``."""
 
     name: str
     source: Path
@@ -52,6 +75,51 @@ class ClusterProfile:
     mounts: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def _fail(self, key: str, allowed: str, value: Any, *, masked: bool = False) -> ValueError:
+        return _err(self.source, f"{self.name}.{key}", allowed, value, masked=masked)
+
+    def validate(self) -> None:
+        """Raise ValueError on the first field outside the rules of the module docstring."""
+        from nemo_muon.config.recipe import GPUS
+
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise _err(self.source, "profile name", "1-64 letters, digits, '_', '.', '-' (starting with a letter or "
+                       "digit)", self.name)
+        for key, (rule, allowed) in _STRING_RULES.items():
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not rule.fullmatch(value)):
+                raise self._fail(key, allowed, value)
+            if isinstance(value, str) and is_secret_value(value):
+                raise self._fail(key, "free of credentials (no user:password@ in it, no tokens)", value)
+        if self.executor is not None and self.executor not in EXECUTORS:
+            raise self._fail("executor", f"one of {EXECUTORS}", self.executor)
+        if self.system is not None and self.system not in GPUS:
+            raise self._fail("system", f"one of {GPUS}", self.system)
+        if self.gpus_per_node is not None:
+            limit = _gpus_limit(self.system)
+            value = self.gpus_per_node
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+                on = f" on {self.system}" if self.system else ""
+                raise self._fail("gpus_per_node", f"an integer from 1 to {limit}{on}", value)
+        if self.container is not None and not isinstance(self.container, bool):
+            raise self._fail("container", "true or false", self.container)
+        if not isinstance(self.mounts, list):
+            raise self._fail("mounts", f"a list of {_MOUNT} strings", self.mounts)
+        for i, mount in enumerate(self.mounts):
+            if not isinstance(mount, str) or not _valid_mount(mount):
+                raise self._fail(f"mounts[{i}]", _MOUNT, mount)
+        if not isinstance(self.env, dict):
+            raise self._fail("env", "a mapping of NAME: value (strings or numbers)", self.env)
+        for key, value in self.env.items():
+            if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+                raise self._fail("env name", "an environment variable name [A-Za-z_][A-Za-z0-9_]*", key)
+            if not isinstance(value, str) or "\0" in value:
+                raise self._fail(f"env.{key}", "a string or a finite number (no NUL characters)", value,
+                                 masked=is_secret_name(key))
+
 
 def profiles_path(explicit: str | Path | None = None) -> Path:
     """The profiles file in effect: explicit, else $NEMO_MUON_PROFILES, else ~/.config/nemo-muon/clusters.yaml."""
@@ -59,73 +127,64 @@ def profiles_path(explicit: str | Path | None = None) -> Path:
     return Path(raw).expanduser()
 
 
-def _err(path: Path, key: str, allowed: str, value: Any) -> ValueError:
-    return ValueError(f"{path}: {key} must be {allowed}; got {value!r}")
+def _err(path: Path, key: str, allowed: str, value: Any, *, masked: bool = False) -> ValueError:
+    got = MASK if masked else shown(value)
+    return ValueError(cut(f"{path}: {key} must be {allowed}; got {got}", MAX_MESSAGE))
+
+
+def _gpus_limit(system: str | None) -> int:
+    if system is None:
+        return MAX_GPUS_PER_NODE
+    from nemo_muon.recipes.systems import GPUS_PER_NODE
+
+    return GPUS_PER_NODE.get(system, MAX_GPUS_PER_NODE)
+
+
+def _valid_mount(text: str) -> bool:
+    from nemo_muon.launchers.job import parse_mount
+
+    try:
+        parse_mount(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _env_strings(env: Any) -> Any:
+    """YAML env values as strings: finite numbers are written out, anything else is left for `validate` to refuse."""
+    if not isinstance(env, dict):
+        return env
+    out = {}
+    for key, value in env.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        out[key] = str(value) if number and (isinstance(value, int) or math.isfinite(value)) else value
+    return out
 
 
 def _parse_profile(path: Path, name: str, raw: Any) -> ClusterProfile:
-    from nemo_muon.config.recipe import GPUS
-
     if not isinstance(raw, dict):
         raise _err(path, name, "a mapping of settings", raw)
-    unknown = sorted(set(raw) - set(PROFILE_KEYS))
+    unknown = sorted((k for k in raw if k not in PROFILE_KEYS), key=str)
     if unknown:
-        raise _err(path, f"{name}.{unknown[0]}", f"one of the keys {PROFILE_KEYS}", unknown[0])
-    prof = ClusterProfile(name=name, source=path)
-    for key in ("account", "partition", "time", "image"):
-        value = raw.get(key)
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise _err(path, f"{name}.{key}", "a non-empty string", value)
-        setattr(prof, key, value)
-    if (value := raw.get("executor")) is not None:
-        if value not in EXECUTORS:
-            raise _err(path, f"{name}.executor", f"one of {EXECUTORS}", value)
-        prof.executor = value
-    if (value := raw.get("system")) is not None:
-        if value not in GPUS:
-            raise _err(path, f"{name}.system", f"one of {GPUS}", value)
-        prof.system = value
-    if (value := raw.get("gpus_per_node")) is not None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise _err(path, f"{name}.gpus_per_node", "an integer >= 1", value)
-        prof.gpus_per_node = value
-    if (value := raw.get("container")) is not None:
-        if not isinstance(value, bool):
-            raise _err(path, f"{name}.container", "true or false", value)
-        prof.container = value
-    mounts = raw.get("mounts", [])
-    if not isinstance(mounts, list) or not all(isinstance(m, str) for m in mounts):
-        raise _err(path, f"{name}.mounts", "a list of 'SRC:DST' strings", mounts)
-    prof.mounts = list(mounts)
-    env = raw.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float)) and
-                                            not isinstance(v, bool) for k, v in env.items()):
-        raise _err(path, f"{name}.env", "a mapping of NAME: value (strings or numbers)", env)
-    prof.env = {k: str(v) for k, v in env.items()}
-    return prof
+        raise _err(path, f"{name}.{cut(str(unknown[0]), 60)}", f"one of the keys {PROFILE_KEYS}", unknown[0])
+    settings = {**raw, "mounts": raw.get("mounts", []), "env": _env_strings(raw.get("env", {}))}
+    return ClusterProfile(name=name, source=path, **settings)
 
 
 def load_profiles(path: str | Path | None = None) -> dict[str, ClusterProfile]:
     """All profiles in the file (an empty dict when no file exists at the default location)."""
-    import yaml
-
     file = profiles_path(path)
     if not file.exists():
         if path is not None or os.environ.get(PROFILES_ENV_VAR):
-            raise ValueError(f"profiles file must exist; got {str(file)!r} (not found)")
+            raise ValueError(cut(f"profiles file must exist; got {str(file)!r} (not found)", MAX_MESSAGE))
         return {}
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ValueError(f"{file}: must be valid YAML; got a parse error: {e}".replace("\n", " ")) from None
+    data = load_yaml_file(file)
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise _err(file, "(top level)", "a mapping of profile name -> settings", type(data).__name__)
     out = {}
     for name, raw in data.items():
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise _err(file, "profile name", "letters, digits, '_', '.', '-'", name)
         out[name] = _parse_profile(file, name, raw)
     return out
 
@@ -134,5 +193,6 @@ def get_profile(name: str, path: str | Path | None = None) -> ClusterProfile:
     """One profile by name; ValueError lists the names the file has."""
     profiles = load_profiles(path)
     if name not in profiles:
-        raise ValueError(f"--cluster must be one of {tuple(profiles)} (from {profiles_path(path)}); got {name!r}")
+        raise ValueError(cut(f"--cluster must be one of {tuple(profiles)} (from {profiles_path(path)}); got {shown(name)}",
+                             MAX_MESSAGE))
     return profiles[name]

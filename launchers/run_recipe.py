@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nemo_muon.launchers.secrets import MASK, is_secret_name
+from nemo_muon.launchers.secrets import MASK, is_secret
 
 LAUNCH_ENV_VAR = "NEMO_MUON_LAUNCH_ENV"
 """Comma-separated names of the variables the launcher set for the job (recorded in launch.json)."""
@@ -39,7 +39,7 @@ def launch_record(recipe_name: str, overrides: Sequence[str], env: dict[str, str
     for name in names:
         if name not in env:
             shown[name] = None
-        elif is_secret_name(name):
+        elif is_secret(name, env[name]):
             shown[name] = f"{MASK} (set)"
         else:
             shown[name] = env[name]
@@ -68,8 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         record = launch_record(args.recipe, args.overrides, dict(os.environ))
         (run_dir / "launch.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    pretrain_recipe(recipe)
-    return 0
+    from nemo_muon.train.refusals import run_or_refuse  # a refusal: one line from rank 0, exit code 2 (3: diverged)
+
+    return run_or_refuse(lambda: pretrain_recipe(recipe), rank=int(os.environ.get("RANK", "0")))
 
 
 if __name__ == "__main__":

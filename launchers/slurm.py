@@ -26,9 +26,14 @@ NVL72_MAX_NODES = 18
 """Nodes of 4 GPUs in one NVL72 rack (72 GPUs)."""
 RACK_SYSTEMS: tuple[str, ...] = ("gb200", "gb300")
 RDZV_PORT = 29500
-_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:@+\-/]+$")
+KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
+"""srun ends every task once one exits non-zero: a rank whose collective timed out on a stalled peer
+(system.collective_timeout_s) ends the job instead of leaving the other tasks waiting."""
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:@+\-/]+$")
+"""What a job name, account or partition may hold (it is written into an ``#SBATCH`` line unquoted)."""
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_.:@+\-/%]*$")
-_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+"""A Slurm time limit: [D-]HH:MM:SS, MM, MM:SS, D-HH..."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -73,9 +78,9 @@ class SlurmJob:
     def __post_init__(self) -> None:
         for name in ("job_name", "account", "partition"):
             value = getattr(self, name)
-            if value is not None and not _SAFE_VALUE.match(value):
+            if value is not None and not SAFE_VALUE.fullmatch(value):
                 raise ValueError(f"slurm {name} must match [A-Za-z0-9_.:@+-/]+; got {value!r}")
-        if not _TIME.match(self.time):
+        if not TIME_LIMIT.fullmatch(self.time):
             raise ValueError(f"slurm time must be [D-]HH:MM:SS (or MM, MM:SS, D-HH...); got {self.time!r}")
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError(f"slurm nodes and gpus_per_node must be >= 1; got {self.nodes} x {self.gpus_per_node}")
@@ -102,7 +107,7 @@ class SlurmJob:
 
 
 def _srun_args(job: SlurmJob) -> list[str]:
-    args = ["srun"]
+    args = ["srun", KILL_ON_BAD_EXIT]
     if job.launcher == "torchrun":
         args += ["--ntasks-per-node=1"]
     if job.gpu != "cpu":

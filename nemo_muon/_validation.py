@@ -1,4 +1,9 @@
-"""Error-message helpers: every validation error names the field, the value and what is allowed."""
+"""Error-message helpers: every validation error names the field, the value and what is allowed.
+
+Numbers must be finite (``inf`` and ``1e400`` are refused like NaN), integers are capped at `MAX_INT` unless a
+tighter bound is given, and values are shown at most `MAX_SHOWN` characters long, so no input can make an error
+message unbounded.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,38 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+MAX_INT = 2**53
+"""The largest integer a config field takes by default: every integer up to it is exact in float64 (FLOP and
+memory accounting multiply them as floats)."""
+MAX_SHOWN = 200
+"""Longest value representation an error message quotes; longer ones are cut and marked with their length."""
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut to `MAX_SHOWN` characters (an integer too long to print is described by its size)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond sys.get_int_max_str_digits()
+        return f"<an integer of {value.bit_length()} bits>"
+    if len(text) > MAX_SHOWN:
+        return f"{text[:MAX_SHOWN]}... ({len(text)} characters)"
+    return text
+
 
 def fail(field: str, value: Any, allowed: str) -> ValueError:
     """Build the project's standard validation error (the caller raises it)."""
-    return ValueError(f"{field} must be {allowed}; got {value!r}")
+    return ValueError(f"{field} must be {allowed}; got {shown(value)}")
 
 
 def check_choice(field: str, value: Any, choices: Iterable[Any]) -> None:
     """Raise unless ``value`` is one of ``choices``."""
     choices = tuple(choices)
-    if value not in choices:
-        raise ValueError(f"{field} must be one of {choices}; got {value!r}")
+    try:
+        ok = value in choices
+    except TypeError:  # an unhashable value compared with a choice
+        ok = False
+    if not ok:
+        raise ValueError(f"{field} must be one of {choices}; got {shown(value)}")
 
 
 def check_range(
@@ -28,22 +54,29 @@ def check_range(
     low_inclusive: bool = True,
     high_inclusive: bool = True,
 ) -> None:
-    """Raise unless ``value`` is a real number inside the interval (NaN always fails)."""
-    lo_b = "[" if low_inclusive else "("
-    hi_b = "]" if high_inclusive else ")"
+    """Raise unless ``value`` is a finite real number inside the interval (NaN and +-inf always fail)."""
+    lo_b = "[" if low_inclusive and low is not None else "("
+    hi_b = "]" if high_inclusive and high is not None else ")"
     interval = f"{lo_b}{'-inf' if low is None else low}, {'inf' if high is None else high}{hi_b}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{field} must be a number in {interval}; got {value!r}")
-    ok = True
-    if low is not None:
-        ok = ok and (value >= low if low_inclusive else value > low)
-    if high is not None:
-        ok = ok and (value <= high if high_inclusive else value < high)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field} must be a number in {interval}; got {shown(value)}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    ok = finite
+    if ok and low is not None:
+        ok = value >= low if low_inclusive else value > low
+    if ok and high is not None:
+        ok = value <= high if high_inclusive else value < high
     if not ok:
-        raise ValueError(f"{field} must be a number in {interval}; got {value!r}")
+        raise ValueError(f"{field} must be a number in {interval}; got {shown(value)}")
 
 
-def check_positive_int(field: str, value: Any, *, minimum: int = 1) -> None:
-    """Raise unless ``value`` is an int >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field} must be an integer >= {minimum}; got {value!r}")
+def check_positive_int(field: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> None:
+    """Raise unless ``value`` is an int in [``minimum``, ``maximum``] (``maximum`` None = `MAX_INT`)."""
+    high = MAX_INT if maximum is None else maximum
+    if isinstance(value, bool) or not isinstance(value, int) or not (minimum <= value <= high):
+        allowed = f"an integer >= {minimum}" if maximum is None and (not isinstance(value, int) or value < high) \
+            else f"an integer in [{minimum}, {high}]"
+        raise ValueError(f"{field} must be {allowed}; got {shown(value)}")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
+from nemo_muon.launchers.secrets import mask_env
 from nemo_muon.recipes import get_recipe
 from nemo_muon.recipes.overrides import apply_overrides
 from nemo_muon.recipes.systems import check_layout
@@ -19,13 +20,13 @@ from nemo_muon.config.recipe import TrainingRecipe
 
 
 def build_recipe(name: str, overrides: Sequence[str] = ()) -> TrainingRecipe:
-    """The registered recipe ``name`` with ``overrides`` (``a.b=value`` strings) applied, validated, layout and
-    optimizer stack checked (`nemo_muon.megatron.stack.check_recipe_stack`)."""
-    from nemo_muon.megatron.stack import check_recipe_stack
+    """The registered recipe ``name`` with ``overrides`` (``a.b=value`` strings) applied and checked once, completely
+    (`nemo_muon.run_checks.check_run`: layout, schedule, shapes, the backend's and the optimizer mapping's rules, the
+    stack). Every entry point builds through here, so all accept and refuse the same recipes."""
+    from nemo_muon.run_checks import check_run
 
     recipe = apply_overrides(get_recipe(name), list(overrides))
-    check_layout(recipe)
-    check_recipe_stack(recipe)
+    check_run(recipe)
     return recipe
 
 
@@ -60,8 +61,10 @@ def layout_summary(recipe: TrainingRecipe) -> str:
 
 
 def describe(recipe: TrainingRecipe) -> str:
-    """The fully resolved recipe as YAML, headed by its layout summary."""
-    body = yaml.safe_dump(_plain(recipe), sort_keys=False, default_flow_style=False)
+    """The fully resolved recipe as YAML, headed by its layout summary (secret env values shown as ****)."""
+    plain = _plain(recipe)
+    plain["env"] = mask_env(plain.get("env") or {})
+    body = yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
     return f"# {layout_summary(recipe)}\n{body}"
 
 

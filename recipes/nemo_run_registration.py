@@ -14,7 +14,9 @@ What importing this module registers:
   default), unless another package provides one.
 
 Overrides use NeMo-Run's syntax but are parsed by `nemo_muon.recipes.overrides` (``optim.lr=3e-4``,
-``trainer.max_steps=100``): a bad key or value exits non-zero with one line listing what is valid. ``--dryrun``
+``trainer.max_steps=100``): a bad key or value exits non-zero with one line listing what is valid. A secret on the
+command line (``env.HF_TOKEN=...``, ``run.executor.env_vars={'WANDB_API_KEY': ...}``, a URL with a password) is
+refused before NeMo-Run prints or records anything, with `nemo-muon launch`'s message: export it instead. ``--dryrun``
 prints the fully resolved recipe (and the executor's launch plan); nothing needs a GPU, Bridge or TE.
 The ``llm`` namespace needs an entry point named ``llm`` in the ``nemo_run.cli`` group pointing here (NeMo-Run only
 builds a namespace's commands when the first CLI word is an entry-point name).
@@ -23,6 +25,7 @@ builds a namespace's commands when the first CLI word is an entry-point name).
 import dataclasses
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable
 from importlib import metadata
@@ -30,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import nemo_run as run
+from nemo_muon.launchers.secrets import is_secret_name, is_secret_value, override_refusal
 from nemo_muon.recipes import list_recipes
 from nemo_muon.recipes.execute import build_recipe, describe, pretrain_recipe
+from nemo_muon.recipes.overrides import check_secret_overrides
 from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, catalogue
 from nemo_run.config import get_type_namespace
 
@@ -75,6 +80,24 @@ def split_cli_args(args: list[str]) -> tuple[list[str], list[str]]:
     return passthrough, overrides
 
 
+_DICT_KEY = re.compile(r"""['"]?([A-Za-z_][A-Za-z0-9_]*)['"]?\s*[:=]""")
+
+
+def check_cli_secrets(passthrough: list[str], overrides: list[str]) -> None:
+    """Refuse secrets on the command line (nemo_muon.launchers.secrets' policy, the message `nemo-muon launch`
+    gives): recipe overrides such as ``env.HF_TOKEN=...``, and NeMo-Run arguments that set one
+    (``run.executor.env_vars={'HF_TOKEN': ...}``) or carry a credential (``scheme://user:password@host``)."""
+    check_secret_overrides(overrides)
+    for arg in passthrough:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            continue
+        names = [key.rsplit(".", 1)[-1], *_DICT_KEY.findall(value)] if "env" in key.lower() else []
+        secret = next((n for n in names if is_secret_name(n)), None)
+        if secret or is_secret_value(value):
+            raise ValueError(override_refusal(key, secret))
+
+
 @dataclasses.dataclass(kw_only=True)
 class RecipeRunContext(RunContext):
     """NeMo-Run's RunContext, with recipe overrides kept out of NeMo-Run's own parser and handed to `pretrain`."""
@@ -83,6 +106,10 @@ class RecipeRunContext(RunContext):
 
     def cli_execute(self, fn: Callable, args: list[str], entrypoint_type: str = "task") -> None:
         passthrough, self.recipe_overrides = split_cli_args(list(args))
+        try:  # before NeMo-Run prints this context (--dryrun) or writes it into its experiment configs
+            check_cli_secrets(passthrough, self.recipe_overrides)
+        except ValueError as e:
+            raise RunContextError(str(e)) from None
         names = list_recipes()
         if self.factory and self.factory.startswith(RECIPES_PACKAGE + "."):
             # a dotted path to one of our factories (nemo_muon.recipes.kimi_k2.kimi_k2_muon) = that recipe

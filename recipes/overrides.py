@@ -5,7 +5,9 @@ Keys (NeMo's section names are accepted as aliases: ``optim`` = ``optimizer``, `
 * ``<section>.<field>=value`` for the sections model, optimizer, parallelism, system, trainer, scheduler, data,
   precision, checkpoint, logging (``optim.lr=3e-4``, ``trainer.max_steps=100``, ``model.num_layers=2``);
 * ``<field>=value`` for the recipe's own fields (``backend=torch``, ``qk_clip=true``, ``layerwise=false``);
-* ``env.<NAME>=value`` sets an environment variable of the run;
+* ``env.<NAME>=value`` sets an environment variable of the run (never a secret: an override naming or carrying one,
+  ``env.HF_TOKEN=...``, ``env.DB_URL=postgres://u:pw@h/db``, is refused by `nemo_muon.launchers.secrets`'s policy:
+  export the variable and pass it by name);
 * ``optimizer=muon|adamw|soap`` switches the optimizer to that kind's defaults, keeping lr and weight_decay;
   ``model=<name>`` picks another model spec from `nemo_muon.models.specs.MODEL_SPECS`.
 
@@ -22,6 +24,8 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+from nemo_muon.launchers.secrets import check_override
 
 from nemo_muon._validation import check_choice
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
@@ -149,6 +153,7 @@ def apply_overrides(recipe: TrainingRecipe, overrides: Sequence[str] | Mapping[s
     """
     pairs = list(overrides.items()) if isinstance(overrides, Mapping) else [split_override(a) for a in overrides]
     for key, raw in pairs:
+        check_override(key, raw)
         head, field = _canonical(key, recipe)
         if head == "env":
             if not isinstance(raw, str):
@@ -168,6 +173,15 @@ def apply_overrides(recipe: TrainingRecipe, overrides: Sequence[str] | Mapping[s
             recipe = dataclasses.replace(recipe, **{head: dataclasses.replace(section, **{field: value})})
     recipe.validate()
     return recipe
+
+
+def check_secret_overrides(overrides: Sequence[str]) -> None:
+    """Raise ValueError on the first ``key=value`` that names or carries a secret (the same refusal as
+    `apply_overrides`; CLIs call it before printing or recording anything). Arguments without ``=`` are skipped."""
+    for arg in overrides:
+        key, sep, value = arg.partition("=")
+        if sep:
+            check_override(key.strip(), value.strip())
 
 
 def check_override_keys(recipe: TrainingRecipe, overrides: Sequence[str]) -> None:

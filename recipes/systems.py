@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from nemo_muon.recipes.environment import perf_env
 
 from nemo_muon._validation import check_choice, check_positive_int
+from nemo_muon.config.limits import GPUS_PER_NODE
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
 from nemo_muon.config.recipe import (
     CheckpointConfig,
@@ -27,9 +28,6 @@ from nemo_muon.config.recipe import (
 )
 from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
 from nemo_muon.models.specs import ModelSpec
-
-GPUS_PER_NODE: dict[str, int] = {"gb300": 4, "gb200": 4, "b200": 8, "h200": 8, "h100": 8}
-"""GPUs per node (GB200/GB300: 4 per compute tray of an NVL72 rack; HGX boxes: 8)."""
 
 OPTIMIZERS: tuple[str, ...] = ("muon", "adamw", "soap")
 

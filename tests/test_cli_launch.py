@@ -48,7 +48,7 @@ def test_kimi_k2_gb300_sbatch_has_bridge_perf_lines(tmp_path: Path) -> None:
         assert f"export {name}={value}" in lines
     srun = next(line for line in lines if line.startswith("srun "))
     assert srun.split(" python ")[0].split() == [
-        "srun", "--mpi=pmix", f"--container-image={IMAGE}", f"--container-mounts=/lustre/data:/data,{root}:{root}",
+        "srun", "--kill-on-bad-exit=1", "--mpi=pmix", f"--container-image={IMAGE}", f"--container-mounts=/lustre/data:/data,{root}:{root}",
         "--no-container-mount-home", "--container-writable", f"--container-workdir={root}"]
     assert srun.endswith(f"python -m nemo_muon.launchers.run_recipe --recipe kimi_k2_muon logging.root={root}")
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
@@ -72,7 +72,7 @@ def test_more_nodes_rescale_data_parallelism_and_segment(tmp_path: Path) -> None
 def test_no_container_runs_bare_with_this_python(tmp_path: Path) -> None:
     script = _script(_dry_run(tmp_path, "--recipe", "kimi_k2_muon", "--executor", "slurm", "--no-container"))
     assert "--container" not in script
-    assert f"srun --mpi=pmix {sys.executable} -m nemo_muon.launchers.run_recipe" in script
+    assert f"srun --kill-on-bad-exit=1 --mpi=pmix {sys.executable} -m nemo_muon.launchers.run_recipe" in script
 
 
 def test_docker_line_has_ngc_flags_mounts_env_and_entrypoint(tmp_path: Path) -> None:
@@ -181,7 +181,7 @@ def test_torch_backend_on_several_nodes_uses_one_torchrun_per_node_with_c10d(tmp
     lines = script.splitlines()
     assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=1" in lines
     assert "#SBATCH --cpus-per-task=2" in lines and "--gpus-per-node" not in script and "--segment" not in script
-    assert (f'srun --ntasks-per-node=1 {sys.executable} -m torch.distributed.run --nnodes "$SLURM_NNODES" '
+    assert (f'srun --kill-on-bad-exit=1 --ntasks-per-node=1 {sys.executable} -m torch.distributed.run --nnodes "$SLURM_NNODES" '
             '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" --rdzv-id "$SLURM_JOB_ID" --nproc-per-node 2 '
             '-m nemo_muon.launchers.run_recipe --recipe tiny_kimi_k2_muon') in script
 

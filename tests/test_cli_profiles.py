@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from nemo_muon.launchers.cli import main
-from nemo_muon.launchers.profiles import load_profiles
+from nemo_muon.launchers.profiles import ClusterProfile, load_profiles
 
 PROFILES = """
 eos:
@@ -76,10 +76,10 @@ def test_profiles_file_from_environment_variable_and_listing_masks_secrets(profi
 
 @pytest.mark.parametrize(("text", "message"), [
     ("eos:\n  acount: x\n", "eos.acount must be one of the keys ("),
-    ("eos:\n  gpus_per_node: four\n", "eos.gpus_per_node must be an integer >= 1; got 'four'"),
+    ("eos:\n  gpus_per_node: four\n", "eos.gpus_per_node must be an integer from 1 to 256; got 'four'"),
     ("eos:\n  executor: k8s\n", "eos.executor must be one of ('local', 'slurm', 'docker'); got 'k8s'"),
     ("eos:\n  system: a100\n", "eos.system must be one of ("),
-    ("eos:\n  mounts: /a:/b\n", "eos.mounts must be a list of 'SRC:DST' strings"),
+    ("eos:\n  mounts: /a:/b\n", "eos.mounts must be a list of 'SRC:DST' or 'SRC:DST:ro|rw' with absolute paths"),
     ("eos:\n  env: [A, B]\n", "eos.env must be a mapping of NAME: value"),
     ("eos:\n  container: maybe\n", "eos.container must be true or false"),
     ("- just\n- a list\n", "(top level) must be a mapping of profile name -> settings"),
@@ -102,3 +102,89 @@ def test_unknown_cluster_and_missing_file_are_usage_errors(profiles_file: Path, 
     assert result.exit_code == 2 and "--cluster must be one of ('eos', 'laptop')" in result.output
     result = CliRunner().invoke(main, ["profiles", "--profiles", str(tmp_path / "absent.yaml")])
     assert result.exit_code == 2 and "absent.yaml" in result.output
+
+
+ALIAS_BOMB = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"
+                     for p, c in zip(["", *"abcdefgh"], "abcdefghi", strict=True))
+"""Nine levels of nine aliases (~450 bytes): 9^9 = 387 million strings once expanded."""
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (ALIAS_BOMB, "aliases (*a) are not allowed"),
+    ("eos:\n  account: a\nlaptop: {}\neos:\n  account: b\n", "(top level): key 'eos' must appear once; got it again at "
+                                                             "line 4 (first at line 1)"),
+    ("eos:\n  account: a\n  account: b\n", "eos: key 'account' must appear once"),
+    ("eos:\n  env: {NCCL_DEBUG: WARN, NCCL_DEBUG: INFO}\n", "eos.env: key 'NCCL_DEBUG' must appear once"),
+    ("eos:\n  <<: {account: a}\n", "eos: merge keys (<<) are not allowed"),
+    ("eos: " + "[" * 50 + "]" * 50 + "\n", "nesting deeper than 16 is not allowed"),
+    ('eos:\n  account: "$(touch pwned)"\n', "eos.account must be a Slurm account of [A-Za-z0-9_.:@+-/] (no spaces or "
+                                            "shell characters); got '$(touch pwned)'"),
+    ("eos:\n  partition: 'batch;id'\n", "eos.partition must be a Slurm partition"),
+    ("eos:\n  time: 4h\n", "eos.time must be a Slurm time limit [D-]HH:MM:SS"),
+    ("eos:\n  image: 'img:1 --privileged'\n", "eos.image must be an image reference or path"),
+    ("eos:\n  image: 'https://u:pw@registry/img:1'\n", "eos.image must be free of credentials (no user:password@ in "
+                                                      "it, no tokens); got 'https://u:****@registry/img:1'"),
+    ("eos:\n  env: {'BAD NAME': 1}\n", "eos.env name must be an environment variable name [A-Za-z_][A-Za-z0-9_]*; got "
+                                       "'BAD NAME'"),
+    ("eos:\n  env: {'X=$(id)': 1}\n", "eos.env name must be an environment variable name"),
+    ("eos:\n  env: {NCCL_DEBUG: .inf}\n", "eos.env.NCCL_DEBUG must be a string or a finite number"),
+    ("eos:\n  env: {HF_TOKEN: [leaked-value]}\n", "eos.env.HF_TOKEN must be a string or a finite number (no NUL "
+                                                  "characters); got ****"),
+    ("eos:\n  gpus_per_node: 1e20\n", "eos.gpus_per_node must be an integer from 1 to 256; got '1e20'"),
+    ("eos:\n  gpus_per_node: 100000000000000000000\n", "eos.gpus_per_node must be an integer from 1 to 256; got "
+                                                       "100000000000000000000"),
+    ("eos:\n  gpus_per_node: .inf\n", "eos.gpus_per_node must be an integer from 1 to 256; got inf"),
+    ("eos:\n  system: gb300\n  gpus_per_node: 8\n", "eos.gpus_per_node must be an integer from 1 to 4 on gb300; got 8"),
+    ("eos:\n  mounts: ['/a:/b', 'data:/data']\n", "eos.mounts[1] must be 'SRC:DST' or 'SRC:DST:ro|rw'"),
+    ("e" * 500 + ":\n  account: a\n", "profile name must be 1-64 letters, digits, '_', '.', '-'"),
+    ("eos:\n  account: a\0b\n", "must be valid YAML; got unacceptable character #x0000"),
+    ("eos: [" + "x" * 100_000 + "\n", "must be valid YAML"),
+])
+def test_hostile_profiles_are_refused_briefly_with_file_field_value_and_rule(tmp_path: Path, text: str,
+                                                                             message: str) -> None:
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_profiles(path)
+    text_of = str(err.value)
+    assert text_of.startswith(f"{path}: ") and message in text_of and "leaked-value" not in text_of
+    assert len(text_of) <= 400 + len(str(path))
+    result = CliRunner().invoke(main, ["profiles", "--profiles", str(path)])
+    assert result.exit_code == 2 and message in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (bytes(range(256)) * 4, "must be UTF-8 text (YAML); got byte 0x80 at offset 128, not UTF-8 (a binary file?)"),
+    (b"eos:\n  account: a\n" * 20_000, "must be at most 262144 bytes; got a larger file"),
+])
+def test_binary_and_oversized_files_are_named(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "clusters.yaml"
+    path.write_bytes(content)
+    result = CliRunner().invoke(main, ["launch", "--recipe", "kimi_k2_muon", "--cluster", "eos", "--profiles",
+                                       str(path), "--dry-run"])
+    assert result.exit_code == 2 and f"{path}: {message}" in " ".join(result.output.split())
+
+
+def test_a_folder_given_as_the_profiles_file_is_named(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["profiles", "--profiles", str(tmp_path)])
+    assert result.exit_code == 2 and f"{tmp_path}: must be a readable file; got IsADirectoryError" in result.output
+
+
+def test_listing_masks_secret_names_and_urls_with_passwords(tmp_path: Path) -> None:
+    path = tmp_path / "clusters.yaml"
+    path.write_text("eos:\n  env: {DB_URL: 'postgres://u:pw-123@h/db', GITHUB_PAT: ghp-value-456, "
+                    "AWS_ACCESS_KEY_ID: akid-789, HF_HOME: /data/hf}\n")
+    for extra in ([], ["--json"]):
+        result = CliRunner().invoke(main, ["profiles", "--profiles", str(path), *extra])
+        assert result.exit_code == 0, result.output
+        assert not any(v in result.output for v in ("pw-123", "ghp-value-456", "akid-789")), result.output
+        assert "/data/hf" in result.output
+
+
+def test_a_profile_built_in_code_is_validated_at_construction() -> None:
+    source = Path("clusters.yaml")
+    with pytest.raises(ValueError, match=r"^clusters.yaml: eos.account must be a Slurm account .*; got '\$\(id\)'$"):
+        ClusterProfile(name="eos", source=source, account="$(id)")
+    with pytest.raises(ValueError, match=r"^clusters.yaml: eos.env.HF_TOKEN must be a string .*; got \*\*\*\*$"):
+        ClusterProfile(name="eos", source=source, env={"HF_TOKEN": None})  # type: ignore[dict-item]
+    assert ClusterProfile(name="eos", source=source, gpus_per_node=4, system="gb300").gpus_per_node == 4

@@ -63,7 +63,7 @@ def test_hostile_env_and_override_values_arrive_verbatim_and_execute_nothing(tmp
     run = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
     seen = json.loads(shim_out.read_text())
-    assert seen["argv"] == ["--mpi=pmix", sys.executable, "-m", "nemo_muon.launchers.run_recipe", "--recipe",
+    assert seen["argv"] == ["--kill-on-bad-exit=1", "--mpi=pmix", sys.executable, "-m", "nemo_muon.launchers.run_recipe", "--recipe",
                             "kimi_k2_muon", f"logging.root={work}", hostile_override]  # byte for byte
     assert seen["env"]["NM_HOSTILE"] == HOSTILE
     assert seen["env"]["HF_TOKEN"] == SECRET  # forwarded from the submitting environment ...
@@ -97,7 +97,7 @@ def test_secret_looking_override_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--recipe", "no_such_recipe"], "--recipe must be one of ("),
     (["--recipe", "kimi_k2_muon", "--nodes", "3"], "3 x 4 = 12 GPUs does not fit recipe kimi_k2_muon's layout"),
-    (["--recipe", "kimi_k2_muon", "--gpus-per-node", "8"], "--gpus-per-node must be <= 4 on gb300 nodes; got 8"),
+    (["--recipe", "kimi_k2_muon", "--gpus-per-node", "8"], "system.gpus_per_node must be <= 4 (GPUs per gb300 node); got 8"),
     (["--recipe", "kimi_k2_muon", "--mount", "data:/data"], "--mount must be SRC:DST"),
     (["--recipe", "kimi_k2_muon", "--mount", "/a:/b,/etc:/x"], "--mount must be SRC:DST"),
     (["--recipe", "kimi_k2_muon", "--mount", "/a:/b:rx"], "--mount must be SRC:DST"),

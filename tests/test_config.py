@@ -7,6 +7,7 @@ import pytest
 from nemo_muon.config import (
     AdamWConfig,
     DataConfig,
+    LoggingConfig,
     MuonConfig,
     ParallelismConfig,
     SchedulerConfig,
@@ -34,14 +35,41 @@ def test_muon_defaults_match_the_documented_contract():
         (lambda: MuonConfig(tp_mode="dup"), r"muon.tp_mode must be one of \('duplicated', 'distributed', 'blockwise', 'auto'\); got 'dup'"),
         (lambda: MuonConfig(momentum=math.nan), r"muon.momentum must be a number in \[0.0, 1.0\); got nan"),
         (lambda: MuonConfig(momentum=1.0), r"muon.momentum must be a number in \[0.0, 1.0\)"),
-        (lambda: MuonConfig(ns_steps=0), r"muon.ns_steps must be an integer >= 1; got 0"),
-        (lambda: MuonConfig(lr=-1.0), r"muon.lr must be a number in \(0.0, inf\]; got -1.0"),
+        (lambda: MuonConfig(ns_steps=0), r"muon.ns_steps must be an integer in \[1, 100\]; got 0"),
+        (lambda: MuonConfig(ns_steps=10**9), r"muon.ns_steps must be an integer in \[1, 100\]; got 1000000000"),
+        (lambda: MuonConfig(lr=-1.0), r"muon.lr must be a number in \(0.0, inf\); got -1.0"),
+        (lambda: MuonConfig(lr=math.inf), r"muon.lr must be a number in \(0.0, inf\); got inf"),
+        (lambda: MuonConfig(weight_decay=math.inf), r"muon.weight_decay must be a number in \[0.0, inf\); got inf"),
+        (lambda: MuonConfig(extra_scale_factor=math.inf), r"muon.extra_scale_factor must be a number in \(0.0, inf\)"),
+        (lambda: MuonConfig(adamw_eps=math.inf), r"muon.adamw_eps must be a number in \(0.0, inf\); got inf"),
+        (lambda: MuonConfig(lr=10**400), r"muon.lr must be a number in \(0.0, inf\); got 1000"),
         (lambda: MuonConfig(adamw_betas=(0.9,)), r"muon.adamw_betas must be a pair"),
         (lambda: SoapConfig(precondition_frequency=0), r"soap.precondition_frequency must be an integer >= 1"),
         (lambda: AdamWConfig(betas=(0.9, 1.5)), r"adamw.betas\[1\] must be a number in \[0.0, 1.0\)"),
         (lambda: ParallelismConfig(tp=0), r"parallelism.tp must be an integer >= 1; got 0"),
         (lambda: SystemConfig(gpu="a100"), r"system.gpu must be one of"),
         (lambda: TrainerConfig(micro_batch_size=0), r"trainer.micro_batch_size must be an integer >= 1"),
+        (lambda: TrainerConfig(max_steps=10**26), r"trainer.max_steps must be an integer in \[1, 1000000000\]"),
+        (lambda: TrainerConfig(global_batch_size=2**60), r"trainer.global_batch_size must be an integer in \[1, 9007"),
+        (lambda: TrainerConfig(seed=2**40), r"trainer.seed must be an integer in \[0, 2147483647\]"),
+        (lambda: SystemConfig(gpu="gb300", gpus_per_node=8), r"system.gpus_per_node must be <= 4 \(GPUs per gb300 "
+                                                             r"node\); got 8"),
+        (lambda: SystemConfig(gpu="cpu", gpus_per_node=1000), r"system.gpus_per_node must be <= 256"),
+        (lambda: SystemConfig(gpu="h100", num_nodes=2**18), r"system.num_nodes \* system.gpus_per_node must be <= "
+                                                           r"524288 ranks; got 262144 \* 4 = 1048576"),
+        (lambda: SystemConfig(collective_timeout_s=0), r"system.collective_timeout_s must be a number in "
+                                                       r"\(0.0, 86400.0\]; got 0"),
+        (lambda: SystemConfig(collective_timeout_s=math.inf), r"system.collective_timeout_s must be a number in"),
+        (lambda: LoggingConfig(run_name="../../escape"), r"logging.run_name must match \[A-Za-z0-9\]"),
+        (lambda: LoggingConfig(run_name="a\nb"), r"logging.run_name must match .*; got 'a\\nb'"),
+        (lambda: LoggingConfig(root="/tmp/a:/etc"), r"logging.root must be a path of .*; got '/tmp/a:/etc'"),
+        (lambda: LoggingConfig(root="/tmp/a,/etc"), r"logging.root must be a path of"),
+        (lambda: LoggingConfig(root=""), r"logging.root must be a path of"),
+        (lambda: TrainingRecipe(name="../x", model=KIMI_K2), r"recipe.name must match"),
+        (lambda: KIMI_K2.replace(vocab_size=1), r"model\[kimi_k2\].vocab_size must be an integer >= 2; got 1"),
+        (lambda: KIMI_K2.replace(qk_rope_head_dim=63), r"qk_rope_head_dim must be an even number"),
+        (lambda: KIMI_K2.replace(max_position_embeddings=0), r"max_position_embeddings must be an integer >= 1"),
+        (lambda: KIMI_K2.replace(num_shared_experts=-1), r"num_shared_experts must be an integer >= 0"),
         (lambda: SchedulerConfig(kind="linear"), r"scheduler.kind must be one of \('cosine', 'wsd', 'constant'\)"),
         (lambda: DataConfig(kind="indexed"), r"data.path must name a Megatron indexed dataset prefix"),
     ],
@@ -72,5 +100,6 @@ def test_data_parallel_size_is_what_remains_of_the_world():
 
 def test_corpus_root_only_with_the_stdlib_text_corpus():
     assert DataConfig(kind="stdlib_text", corpus_root="/data/py").corpus_root == "/data/py"
-    with pytest.raises(ValueError, match=r"data.corpus_root applies only to data.kind='stdlib_text'; got it with kind='mock'"):
+    with pytest.raises(ValueError, match=r"data.corpus_root must be None unless data.kind='stdlib_text' \(it names a "
+                                         r"\.py corpus\); got '/data/py' with data.kind='mock'"):
         DataConfig(kind="mock", corpus_root="/data/py")

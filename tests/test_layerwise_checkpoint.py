@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,6 +18,7 @@ from torch import nn
 
 from nemo_muon.config.optimizer import MuonConfig
 from nemo_muon.layerwise.checkpoint import (
+    FORMAT,
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
@@ -109,10 +113,11 @@ def test_resume_same_dp_bitwise_and_across_dp_sizes(tmp_path: Path) -> None:
         assert r["extra"] == {"step": 2, "note": "hello"}
         assert "already exists" in r["overwrite_error"]
     name, err = res[1]["tampered"]
-    assert f"optimizer state {name}" in err and "on this rank" in err
-    assert "failed verification after load on another rank" in res[0]["tampered"][1]
+    # every rank refuses with the same message, naming the rank that found the problem (rank 0 prints it)
+    assert f"failed verification after load: {{'rank 1': ['optimizer state {name}']}}" in err
+    assert res[0]["tampered"] == res[1]["tampered"]
     assert "optim_rank1.pt is corrupt" in res[1]["corrupt_shard"][0]
-    assert "reading an optimizer shard failed on another rank" in res[0]["corrupt_shard"][0]
+    assert res[0]["corrupt_shard"][0] == res[1]["corrupt_shard"][0]
     assert res[0]["corrupt_shard"][1] and res[1]["corrupt_shard"][1]
 
     model = make_model(seed=5)
@@ -199,3 +204,80 @@ def test_save_killed_midway_leaves_previous_checkpoint_loadable(tmp_path: Path) 
     save_checkpoint(tmp_path, 2, model, opt, {"step": 2})  # the stale temp dir is replaced
     assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 2)
     assert not (tmp_path / ".tmp_step_00000002").exists()
+
+
+class _Payload:
+    """What a hostile checkpoint carries: unpickling it runs code (here: os.mkdir of a marker folder)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.mkdir, (str(self.marker),)
+
+
+def _plant(ckpt: Path, name: str, marker: Path) -> None:
+    """Add a payload to checkpoint file ``name`` and rewrite its SHA-256 in the manifest (which anyone who can
+    write the files can do), so only the loader stands between the payload and its execution."""
+    obj = torch.load(ckpt / name, weights_only=True)
+    torch.save({**obj, "payload": _Payload(marker)}, ckpt / name)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"][name] = hashlib.sha256((ckpt / name).read_bytes()).hexdigest()
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name", ["extra.pt", "model.pt", "optim_rank0.pt"])
+def test_a_planted_payload_is_refused_without_running(tmp_path: Path, name: str) -> None:
+    live, never = tmp_path / "live_marker", tmp_path / "never_marker"
+    torch.save({"payload": _Payload(live)}, tmp_path / "control.pt")
+    torch.load(tmp_path / "control.pt", weights_only=False)  # the control: an unchecked load runs the payload
+    assert live.is_dir()
+    _, _, ckpt = _fresh(tmp_path / "root")
+    _plant(ckpt, name, never)
+    model = make_model(seed=9)
+    before = params_of(model)
+    with pytest.raises(CheckpointError, match=rf"{re.escape(name)} holds more than tensors and plain containers "
+                                              r"\(it refers to \S*mkdir\): refused without unpickling it"):
+        load_checkpoint(ckpt, model, _opt(model, None))
+    assert not never.exists()  # the payload never ran
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # nothing was loaded
+
+
+def test_save_refuses_an_extra_that_needs_code_to_load(tmp_path: Path) -> None:
+    model, opt, _ = _fresh(tmp_path)
+    for extra, where in (({"step": 2, "sched": {"scale": np.float64(1.0)}}, r"extra\['sched'\]\['scale'\] is a "
+                                                                            r"numpy.float64"),
+                         ({"rng": [torch.get_rng_state(), _Payload(tmp_path / "x")]}, r"extra\['rng'\]\[1\] is a "),
+                         ({(1, 2): 3}, r"extra has a key of type tuple")):
+        with pytest.raises(TypeError, match=r"extra must hold plain data only .*weights_only=True; got: " + where):
+            save_checkpoint(tmp_path, 2, model, opt, extra)
+    assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 1) and not step_dir(tmp_path, 2).exists()
+    save_checkpoint(tmp_path, 2, model, opt, {"rng": torch.get_rng_state(), "betas": (0.9, 0.95), "name": None})
+    assert load_checkpoint(step_dir(tmp_path, 2), model, opt)["betas"] == (0.9, 0.95)
+
+
+def _empty(mf: Path) -> None:
+    mf.write_text("")
+
+
+def _truncated(mf: Path) -> None:
+    mf.write_text(mf.read_text()[:60])
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (Path.unlink, "manifest.json is missing"),
+    (_empty, "manifest.json is empty"),
+    (_truncated, "manifest.json is not valid JSON"),
+    (lambda mf: mf.write_text("[1, 2]"), "manifest.json must hold a JSON object; got list"),
+    (lambda mf: mf.write_text(json.dumps({"format": FORMAT})), r"manifest.json lacks or mangles \['step \(int"),
+])
+def test_a_damaged_manifest_is_refused_never_skipped(tmp_path: Path, damage: Any, message: str) -> None:
+    model, opt, _ = _fresh(tmp_path)
+    train(model, opt, 1, start=1)
+    newest = save_checkpoint(tmp_path, 2, model, opt, {"step": 2})
+    damage(newest / "manifest.json")
+    assert latest_checkpoint(tmp_path) == newest  # not passed over for step 1 (which would crash at its next save)
+    fresh = make_model()
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(newest))}.*{message}.*move the folder "
+                                              rf"{re.escape(str(newest))} aside"):
+        load_checkpoint(latest_checkpoint(tmp_path), fresh, _opt(fresh, None))

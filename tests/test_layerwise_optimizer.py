@@ -366,11 +366,11 @@ def test_scheduler_scales_inner_lrs_and_bad_arguments_raise() -> None:
     assert any(m._forward_pre_hooks for m in hooked.modules())
     lw.remove_hooks()
     assert not any(m._forward_pre_hooks for m in hooked.modules()) and lw.grad_hooks is None
-    with pytest.raises(ValueError, match=r"bucket_size_mb must be a number in \(0.0, inf\]; got 0"):
+    with pytest.raises(ValueError, match=r"bucket_size_mb must be a number in \(0.0, inf\); got 0"):
         LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=None, bucket_size_mb=0)
     with pytest.raises(ValueError, match=r"plan_method must be one of \('lpt', 'round_robin', 'ping_pong'\)"):
         LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=None, plan_method="greedy")
     with pytest.raises(ValueError, match=r"nonfinite must be one of \('skip', 'raise'\); got 'warn'"):
         LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=None, nonfinite="warn")
-    with pytest.raises(ValueError, match=r"max_norm must be a number in \(0.0, inf\]; got -1.0"):
+    with pytest.raises(ValueError, match=r"max_norm must be a number in \(0.0, inf\); got -1.0"):
         opt.clip_grad_norm_(-1.0)

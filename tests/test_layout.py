@@ -46,7 +46,7 @@ def test_qwen_layout_and_expert_data_parallel_size():
     (kimi_recipe(tp=3, pp=1, vp=1, ep=1), 255, r"tp must divide num_attention_heads \(64\); got tp=3"),
     (qwen_recipe(tp=8, ep=1), None, r"tp must divide num_query_groups \(4\); got tp=8"),
     (kimi_recipe(vp=1, pp=1, ep=8), 248, r"global_batch_size must be divisible by micro_batch_size\*dp = 2\*248"),
-    (qwen_recipe(vp=2), None, r"vp > 1 .* needs pp > 1"),
+    (qwen_recipe(vp=2), None, r"parallelism.vp must be 1 unless pp > 1 .*; got pp=1, vp=2"),
     (qwen_recipe(cp=8, ep=1), None, None),  # valid: 4096 divisible by 2*8
     (kimi_recipe(pp=16, vp=4, ep=16), 256, r"every one of pp\*vp = 16\*4 = 64 virtual stages needs a decoder layer"),
     (qwen_recipe(etp=5, ep=1), 40, r"etp must divide moe_ffn_hidden_size \(768\); got etp=5"),
@@ -93,7 +93,7 @@ def test_uneven_pipeline_rule_reproduces_bridge_kimi_layouts():
 def test_explicit_pipeline_layout_string_and_list():
     assert parse_pipeline_layout("Et|(tt|)*30L") == (1,) + (2,) * 30 + (0,)
     assert parse_pipeline_layout("Et*4|(t*4|)*14t,L") == (4,) * 15 + (1,)
-    with pytest.raises(LayoutError, match="pipeline layout must use only"):
+    with pytest.raises(LayoutError, match="parallelism.pipeline_layout must use only"):
         parse_pipeline_layout("Ex|t")
     r = kimi_recipe()
     lay = validate_layout(r, stage_layers="Et*4|(t*4|)*14t,L")

@@ -93,7 +93,7 @@ def test_tiny_recipe_trains_two_cpu_ranks_through_the_local_executor(llm_entry_p
         pytest.fail("the tiny CPU recipes (recipes/tiny.py) are missing")
     runs = tmp_path / "runs"
     proc = nemo(["llm", "pretrain", "--factory", "tiny_kimi_k2_muon", "run.executor=local", "trainer.max_steps=2",
-                 "trainer.global_batch_size=4", "trainer.micro_batch_size=2", "trainer.seq_length=32",
+                 "scheduler.warmup_steps=1", "trainer.global_batch_size=4", "trainer.micro_batch_size=2", "trainer.seq_length=32",
                  "trainer.eval_interval=0", "data.kind=mock", f"logging.root={runs}", "--yes"],
                 pythonpath=[llm_entry_point_path], home=tmp_path, timeout=400)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -143,7 +143,7 @@ def test_gpu_peak_table_functions(tmp_path):
         load_gpu_peaks(f)
     with pytest.raises(ValueError, match="gpu must be one of"):
         gpu_peak("tpu")
-    with pytest.raises(ValueError, match=r"gpu_peak\[x\].bf16 must be a number in \(0.0, inf\]"):
+    with pytest.raises(ValueError, match=r"gpu_peak\[x\].bf16 must be a number in \(0.0, inf\)"):
         GpuPeak("x", 0.0, 1.0)
 
 

@@ -64,7 +64,7 @@ def test_tiny_recipe_trains_on_slurm_with_hostile_env_and_a_forwarded_secret(slu
     monkeypatch.chdir(tmp_path)
     root = tmp_path / "runs"
     result = _launch(["--wait", "--wait-timeout", "240", "--json", "--env", f"NM_HOSTILE={HOSTILE}", "--env",
-                      "HF_TOKEN", f"data.corpus_root={small_corpus}", "trainer.max_steps=3",
+                      "HF_TOKEN", f"data.corpus_root={small_corpus}", "trainer.max_steps=3", "scheduler.warmup_steps=1",
                       "trainer.eval_interval=3", "trainer.eval_iters=0", f"logging.root={root}"],
                      env={"HF_TOKEN": SECRET})
     assert result.exit_code == 0, result.output

@@ -1,7 +1,7 @@
 """Checkpoints and resume: stop after k steps, resume, and the next losses equal an uninterrupted run, at the same
 DP size (bitwise) and across DP 2 -> 1 (to float summation order), for Muon and the AdamW baseline alike (both
-through nemo_muon.layerwise.checkpoint); a corrupt checkpoint is refused with a clear message, partial ones are
-ignored, a used run folder is never overwritten."""
+through nemo_muon.layerwise.checkpoint); a corrupt or damaged checkpoint is refused with a clear message (never
+skipped), temporary folders of killed saves are ignored, a used run folder is never overwritten."""
 
 import json
 import shutil
@@ -94,13 +94,17 @@ def test_corrupt_checkpoint_is_refused_and_partial_ones_ignored(resumed):
     ckpts = root / f"{name}-bad" / "checkpoints"
     shutil.copytree(root / f"{name}-cut" / "checkpoints", ckpts)  # steps 3 and 6
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003", "step_00000006"]
-    (ckpts / ".tmp_step_00000009").mkdir()  # a save killed midway
-    (ckpts / "step_00000012").mkdir()  # a folder without manifest: never complete
+    (ckpts / ".tmp_step_00000009").mkdir()  # a save killed midway: ignored
+    (ckpts / "step_00000012").mkdir()  # a step folder without manifest: damaged, refused (never skipped)
     with open(ckpts / "step_00000006" / "model.pt", "r+b") as f:  # flip one byte: corrupt
         f.seek(-1, 2)
         last = f.read(1)
         f.seek(-1, 2)
         f.write(bytes([last[0] ^ 0xFF]))
+    with pytest.raises(CheckpointError, match=r"cannot resume from .*step_00000012.*manifest.json is missing.*"
+                                              r"move the folder .*step_00000012 aside"):
+        train(r, group=None, stop_after_steps=1)
+    shutil.move(ckpts / "step_00000012", root / "moved_aside_12")
     with pytest.raises(CheckpointError, match=r"cannot resume from .*step_00000006.*model.pt is corrupt.*"
                                               r"Move that folder aside"):
         train(r, group=None, stop_after_steps=1)

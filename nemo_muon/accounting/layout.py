@@ -96,6 +96,8 @@ def pipeline_stage_layers(num_layers: int, pp: int, vp: int = 1) -> tuple[tuple[
 
 
 _LAYOUT_SYMBOLS = "EtmL|"
+MAX_LAYOUT_SYMBOLS = 1_000_000
+"""Longest expanded layout string accepted (a real one has a few symbols per layer)."""
 
 
 def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
@@ -106,16 +108,25 @@ def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
     """
     text = layout.replace(" ", "").replace(",", "")
     group = re.compile(r"\(([^()]*)\)\*(\d+)")
+
+    def repeat(m: re.Match[str]) -> str:
+        body, times = m.group(1), int(m.group(2))
+        if len(text) + len(body) * times > MAX_LAYOUT_SYMBOLS:
+            raise LayoutError(f"parallelism.pipeline_layout must expand to at most {MAX_LAYOUT_SYMBOLS} symbols; got "
+                              f"{layout[:80]!r} repeating {body[:20]!r} {times} times")
+        return body * times
+
     while True:
-        expanded = group.sub(lambda m: m.group(1) * int(m.group(2)), text)
+        expanded = group.sub(repeat, text)
         if expanded == text:
             break
         text = expanded
-    text = re.sub(r"([EtmL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"([EtmL])\*(\d+)", repeat, text)
     bad = sorted(set(text) - set(_LAYOUT_SYMBOLS))
     if bad or not text:
         raise LayoutError(
-            f"pipeline layout must use only {tuple(_LAYOUT_SYMBOLS)} with (...)*n / X*n repeats; got {layout!r}"
+            f"parallelism.pipeline_layout must use only {tuple(_LAYOUT_SYMBOLS)} with (...)*n / X*n repeats; got "
+            f"{layout[:200]!r}"
         )
     return tuple(stage.count("t") for stage in text.split("|"))
 
@@ -149,7 +160,8 @@ def validate_layout(recipe: TrainingRecipe, world_size: int | None = None,
     if stage_ranks % (etp * ep):
         raise LayoutError(
             f"etp*ep must divide tp*cp*dp (Megatron regroups each pipeline stage's tp*cp*dp = {tp}*{cp}*{dp} = "
-            f"{stage_ranks} ranks as etp*ep*edp); got etp*ep = {etp}*{ep} = {etp * ep} with world {world}"
+            f"{stage_ranks} ranks as etp*ep*edp, dp = world/(tp*pp*cp) = {world}/({tp}*{pp}*{cp})); got etp*ep = "
+            f"{etp}*{ep} = {etp * ep} with world {world}"
         )
     edp = stage_ranks // (etp * ep)
     if spec.num_attention_heads % tp:
@@ -165,7 +177,8 @@ def validate_layout(recipe: TrainingRecipe, world_size: int | None = None,
             f"trainer.seq_length / cp must be divisible by tp={tp} with sequence_parallel; got {tr.seq_length}"
         )
     if vp > 1 and pp == 1:
-        raise LayoutError(f"parallelism.vp > 1 (virtual pipeline stages) needs pp > 1; got pp=1, vp={vp}")
+        raise LayoutError(f"parallelism.vp must be 1 unless pp > 1 (vp > 1 interleaves virtual pipeline stages over "
+                          f"the pipeline ranks); got pp=1, vp={vp}")
     if stage_layers is None:
         stages, uneven = pipeline_stage_layers(spec.num_layers, pp, vp)
     else:

@@ -27,6 +27,8 @@ NONFINITE_POLICIES: tuple[str, ...] = ("skip", "raise")
 MEGATRON_ENGINES: tuple[str, ...] = ("nemo_muon", "megatron")
 MEGATRON_BACKEND_ONLY = "megatron_backend_only"
 """Field metadata key: the field chooses how the megatron backend builds the optimizer; no optimizer-class kwarg."""
+MAX_NS_STEPS = 100
+"""Newton–Schulz iterations at most (5 is standard; each costs three matmuls per matrix per step)."""
 DEFAULT_WEIGHT_DECAY = 0.1
 """The one weight-decay default of every optimizer config and optimizer class (Bridge's recipes and torch.optim.Muon
 use 0.1; Moonlight found weight decay essential for Muon at scale)."""
@@ -103,7 +105,7 @@ class MuonConfig(_BaseOptimizerConfig):
     def validate(self) -> None:
         super().validate()
         check_range("muon.momentum", self.momentum, low=0.0, high=1.0, high_inclusive=False)
-        check_positive_int("muon.ns_steps", self.ns_steps)
+        check_positive_int("muon.ns_steps", self.ns_steps, maximum=MAX_NS_STEPS)
         check_choice("muon.coefficients", self.coefficients, COEFFICIENT_SETS)
         check_choice("muon.scale_mode", self.scale_mode, SCALE_MODES)
         check_range("muon.extra_scale_factor", self.extra_scale_factor, low=0.0, low_inclusive=False)

@@ -12,6 +12,18 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from nemo_muon._validation import check_choice, check_positive_int, check_range
+from nemo_muon.config.limits import (
+    CPU_COLLECTIVE_TIMEOUT_S,
+    GPU_COLLECTIVE_TIMEOUT_S,
+    GPUS_PER_NODE,
+    MAX_COLLECTIVE_TIMEOUT_S,
+    MAX_CPU_PROCESSES_PER_NODE,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_WORLD_SIZE,
+    check_mount_safe_path,
+    check_run_name,
+)
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
 from nemo_muon.models.specs import ModelSpec
 
@@ -77,18 +89,40 @@ class SystemConfig:
     """One of GPUS; 'cpu' for the torch backend on a CPU machine (then gpus_per_node counts processes)."""
     num_nodes: int = 1
     gpus_per_node: int = 4
+    """At most the GPUs a node of that type has (`limits.GPUS_PER_NODE`); processes per node on gpu='cpu'."""
+    collective_timeout_s: float | None = None
+    """How long a collective waits for a stalled rank before the job fails (torch.distributed's process-group
+    timeout; Megatron-Bridge's dist.distributed_timeout_minutes). None = 300 s on gpu='cpu', 600 s on GPUs."""
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         check_choice("system.gpu", self.gpu, GPUS)
-        check_positive_int("system.num_nodes", self.num_nodes)
+        check_positive_int("system.num_nodes", self.num_nodes, maximum=MAX_WORLD_SIZE)
+        per_node = GPUS_PER_NODE.get(self.gpu, MAX_CPU_PROCESSES_PER_NODE)
+        if isinstance(self.gpus_per_node, int) and not isinstance(self.gpus_per_node, bool) \
+                and self.gpus_per_node > per_node:
+            what = f"GPUs per {self.gpu} node" if self.gpu in GPUS_PER_NODE else "processes per node on gpu='cpu'"
+            raise ValueError(f"system.gpus_per_node must be <= {per_node} ({what}); got {self.gpus_per_node}")
         check_positive_int("system.gpus_per_node", self.gpus_per_node)
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ValueError(f"system.num_nodes * system.gpus_per_node must be <= {MAX_WORLD_SIZE} ranks; got "
+                             f"{self.num_nodes} * {self.gpus_per_node} = {self.world_size}")
+        if self.collective_timeout_s is not None:
+            check_range("system.collective_timeout_s", self.collective_timeout_s, low=0.0,
+                        high=MAX_COLLECTIVE_TIMEOUT_S, low_inclusive=False)
 
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def collective_timeout(self) -> float:
+        """The collective timeout in seconds (``collective_timeout_s``, or the default of the device kind)."""
+        if self.collective_timeout_s is not None:
+            return float(self.collective_timeout_s)
+        return CPU_COLLECTIVE_TIMEOUT_S if self.gpu == "cpu" else GPU_COLLECTIVE_TIMEOUT_S
 
 
 @dataclass(kw_only=True)
@@ -106,12 +140,15 @@ class TrainerConfig:
     eval_iters: int = 0
     log_interval: int = 1
     seed: int = 1234
+    max_consecutive_skips: int = 10
+    """Torch backend: stop with an error (exit code 3) after this many consecutive steps skipped for a non-finite
+    gradient (a diverged run); 0 = warn only, never stop."""
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        check_positive_int("trainer.max_steps", self.max_steps)
+        check_positive_int("trainer.max_steps", self.max_steps, maximum=MAX_STEPS)
         check_positive_int("trainer.global_batch_size", self.global_batch_size)
         check_positive_int("trainer.micro_batch_size", self.micro_batch_size)
         check_positive_int("trainer.seq_length", self.seq_length)
@@ -119,7 +156,8 @@ class TrainerConfig:
         check_positive_int("trainer.eval_interval", self.eval_interval, minimum=0)
         check_positive_int("trainer.eval_iters", self.eval_iters, minimum=0)
         check_positive_int("trainer.log_interval", self.log_interval)
-        check_positive_int("trainer.seed", self.seed, minimum=0)
+        check_positive_int("trainer.seed", self.seed, minimum=0, maximum=MAX_SEED)
+        check_positive_int("trainer.max_consecutive_skips", self.max_consecutive_skips, minimum=0)
 
 
 @dataclass(kw_only=True)
@@ -138,7 +176,7 @@ class SchedulerConfig:
 
     def validate(self) -> None:
         check_choice("scheduler.kind", self.kind, SCHEDULERS)
-        check_positive_int("scheduler.warmup_steps", self.warmup_steps, minimum=0)
+        check_positive_int("scheduler.warmup_steps", self.warmup_steps, minimum=0, maximum=MAX_STEPS)
         check_range("scheduler.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
         check_range("scheduler.wsd_decay_fraction", self.wsd_decay_fraction, low=0.0, high=1.0)
 
@@ -166,7 +204,8 @@ class DataConfig:
         if self.kind == "indexed" and not self.path:
             raise ValueError("data.path must name a Megatron indexed dataset prefix when data.kind='indexed'; got None")
         if self.corpus_root is not None and self.kind != "stdlib_text":
-            raise ValueError(f"data.corpus_root applies only to data.kind='stdlib_text'; got it with kind={self.kind!r}")
+            raise ValueError(f"data.corpus_root must be None unless data.kind='stdlib_text' (it names a .py corpus); got "
+                             f"{self.corpus_root!r} with data.kind={self.kind!r}")
         check_range("data.val_fraction", self.val_fraction, low=0.0, high=0.5, low_inclusive=False)
 
 
@@ -193,12 +232,18 @@ class CheckpointConfig:
     """Checkpoint root (None = <run dir>/checkpoints)."""
     resume: bool = False
     """Resume from the newest verified checkpoint in dir."""
+    allow_optimizer_change: bool = False
+    """Torch backend: let a resume change optimizer hyper-parameters (optimizer.*, trainer.grad_clip) from the
+    checkpoint's; the changes are recorded in metrics.jsonl. False = such a resume is refused."""
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         check_positive_int("checkpoint.save_interval", self.save_interval, minimum=0)
+        if not isinstance(self.allow_optimizer_change, bool):
+            raise ValueError(f"checkpoint.allow_optimizer_change must be true or false; "
+                             f"got {self.allow_optimizer_change!r}")
 
 
 @dataclass(kw_only=True)
@@ -206,9 +251,9 @@ class LoggingConfig:
     """Where a run writes its metrics JSONL, logs and reports."""
 
     root: str = "runs"
-    """Runs go to <root>/<run_name>."""
+    """Runs go to <root>/<run_name>; mounted into containers as <root>:<root>, so `limits.MOUNT_SAFE_PATH`."""
     run_name: str | None = None
-    """None = the recipe name."""
+    """None = the recipe name; a single folder name (`limits.RUN_NAME`)."""
     tensorboard: bool = False
     """Also write TensorBoard events when the tensorboard package is installed."""
 
@@ -216,8 +261,9 @@ class LoggingConfig:
         self.validate()
 
     def validate(self) -> None:
-        if not self.root:
-            raise ValueError(f"logging.root must be a non-empty path; got {self.root!r}")
+        check_mount_safe_path("logging.root", self.root)
+        if self.run_name is not None:
+            check_run_name("logging.run_name", self.run_name)
 
 
 @dataclass(kw_only=True)
@@ -251,8 +297,7 @@ class TrainingRecipe:
 
     def validate(self) -> None:
         """Validate every section again (recipes and overrides may have mutated them)."""
-        if not self.name:
-            raise ValueError(f"recipe.name must be a non-empty string; got {self.name!r}")
+        check_run_name("recipe.name", self.name)  # the default run folder name
         if not isinstance(self.optimizer, (MuonConfig, SoapConfig, AdamWConfig)):
             raise ValueError(
                 f"recipe.optimizer must be a MuonConfig, SoapConfig or AdamWConfig; got {type(self.optimizer).__name__}"
@@ -262,18 +307,21 @@ class TrainingRecipe:
             section.validate()
         check_choice("recipe.backend", self.backend, BACKENDS)
         if self.backend == "torch" and getattr(self.optimizer, "engine", "nemo_muon") != "nemo_muon":
-            raise ValueError(f"optimizer.engine={self.optimizer.engine!r} needs backend='megatron' (the torch backend "
-                             "always runs nemo-muon's Muon); set optimizer.engine=nemo_muon or backend=megatron")
+            raise ValueError(f"optimizer.engine must be 'nemo_muon' with backend='torch' (the torch backend always runs "
+                             f"nemo-muon's optimizers); got {self.optimizer.engine!r}: set optimizer.engine=nemo_muon or "
+                             "backend=megatron")
         if (self.backend == "megatron" and isinstance(self.optimizer, SoapConfig) and self.optimizer.engine == "nemo_muon"
                 and (self.checkpoint.save_interval > 0 or self.checkpoint.resume)):
             raise ValueError(
-                f"checkpoint.save_interval={self.checkpoint.save_interval}, checkpoint.resume={self.checkpoint.resume}: "
-                "nemo-muon's SOAP inside Megatron cannot go through Megatron's dist_checkpointing yet (its Kronecker "
-                "factors are not shaped like their parameters, which Megatron's optimizer sharding requires); set "
-                "checkpoint.save_interval=0 and checkpoint.resume=false, or backend=torch")
+                "checkpoint.save_interval must be 0 and checkpoint.resume false for optimizer=soap with engine "
+                "'nemo_muon' on backend='megatron': nemo-muon's SOAP inside Megatron cannot go through Megatron's "
+                "dist_checkpointing yet (its Kronecker factors are not shaped like their parameters, which Megatron's "
+                f"optimizer sharding requires); got checkpoint.save_interval={self.checkpoint.save_interval}, "
+                f"checkpoint.resume={self.checkpoint.resume}: set both off, or backend=torch")
         if self.backend == "megatron" and getattr(self.optimizer, "engine", None) == "nemo_muon" and not self.layerwise:
-            raise ValueError("optimizer.engine='nemo_muon' runs inside Megatron's layer-wise distributed optimizer; got "
-                             "layerwise=False: set layerwise=true, or optimizer.engine=megatron")
+            raise ValueError("layerwise must be true with optimizer.engine='nemo_muon' (it runs inside Megatron's "
+                             "layer-wise distributed optimizer); got layerwise=False: set layerwise=true, or "
+                             "optimizer.engine=megatron")
         check_range("recipe.qk_clip_threshold", self.qk_clip_threshold, low=0.0, low_inclusive=False)
         check_range("recipe.qk_clip_alpha", self.qk_clip_alpha, low=0.0, high=1.0)
         for k, v in self.env.items():

@@ -11,7 +11,16 @@ and of every optimizer-state tensor, which shard holds which name). Rules:
 - Any DP size: a load reads the shards holding the names this rank owns now, whatever DP size wrote them.
 - Verified: file hashes are checked before unpickling (truncated / tampered / missing files give a clear error);
   after the load every rank hashes its params and its optimizer state and compares with the manifest; the
-  mismatch count is all-reduced so every rank raises together. Never trains on wrong weights silently.
+  findings are gathered so every rank raises together, with the same message. Never trains on wrong weights
+  silently.
+- Data only: every file holds tensors and plain containers (dict, list, tuple, str, numbers, None), checked when
+  saving, and is read with ``torch.load(..., weights_only=True)``, so a file that would run code when unpickled
+  is refused without running it. The SHA-256 values detect accidents (truncation, bit flips, mixed folders), not
+  tampering: whoever can write the files can rewrite the manifest too. A checkpoint is trusted for its numbers
+  only, never for code.
+- Never skipped: ``latest_checkpoint`` returns the newest ``step_*`` folder whether or not it is intact (a save
+  creates that name only once complete); a missing, empty or unreadable ``manifest.json`` is refused with the
+  folder named, never passed over for an older checkpoint.
 """
 
 from __future__ import annotations
@@ -19,8 +28,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +55,13 @@ def step_dir(root: str | os.PathLike[str], step: int) -> Path:
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The complete checkpoint (has a manifest) with the highest step under ``root``, or None."""
+    """The ``step_*`` folder with the highest step under ``root``, or None (``.tmp_step_*`` of killed saves are
+    ignored). It is returned even without a valid manifest: a save names a folder ``step_*`` only once it is
+    complete, so such a folder is damaged and `load_checkpoint` refuses it; it is never skipped for an older one."""
     root = Path(root)
     if not root.is_dir():
         return None
-    steps = [(int(m.group(1)), d) for d in root.iterdir()
-             if (m := _STEP_DIR.match(d.name)) and (d / "manifest.json").is_file()]
+    steps = [(int(m.group(1)), d) for d in root.iterdir() if (m := _STEP_DIR.match(d.name)) and d.is_dir()]
     return max(steps)[1] if steps else None
 
 
@@ -71,6 +83,34 @@ def _file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+_PLAIN_LEAVES: tuple[type, ...] = (type(None), bool, int, float, str, bytes, torch.Tensor, torch.nn.Parameter)
+_PLAIN_CONTAINERS: tuple[type, ...] = (dict, OrderedDict, list, tuple)
+
+
+def plain_data_problem(obj: Any, where: str = "extra") -> str | None:
+    """Why ``obj`` is not plain data that ``torch.load(weights_only=True)`` reads back, or None when it is.
+
+    Plain data: tensors, None, bool, int, float, str, bytes, and dict / list / tuple of plain data (exact types:
+    a numpy scalar or a namedtuple is not plain, it would need code to load).
+    """
+    kind = type(obj)
+    if kind in _PLAIN_LEAVES:
+        return None
+    if kind not in _PLAIN_CONTAINERS:
+        return f"{where} is a {kind.__module__}.{kind.__qualname__}"
+    if kind in (dict, OrderedDict):
+        for k, v in obj.items():
+            if type(k) not in (str, int):
+                return f"{where} has a key of type {type(k).__qualname__} ({k!r})"
+            if (problem := plain_data_problem(v, f"{where}[{k!r}]")) is not None:
+                return problem
+        return None
+    for i, v in enumerate(obj):
+        if (problem := plain_data_problem(v, f"{where}[{i}]")) is not None:
+            return problem
+    return None
 
 
 def _save_file(obj: Any, path: Path) -> str:
@@ -119,7 +159,8 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, model: torch.nn.Mod
                     group: dist.ProcessGroup | None = None, *, _after_shard: Any = None) -> Path:
     """Write checkpoint ``step`` under ``root`` (all ranks of ``group`` call it); return its directory.
 
-    ``extra`` (any picklable dict: scheduler, data position, RNG) is taken from rank 0 and returned by the load.
+    ``extra`` (plain data only: tensors, numbers, str, None and dict / list / tuple of them, see
+    `plain_data_problem`; e.g. scheduler, data position, RNG) is taken from rank 0 and returned by the load.
     ``_after_shard`` is a test hook called after this rank's shard is on disk (to kill a save midway).
     """
     check_positive_int("step", step, minimum=0)
@@ -127,8 +168,18 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, model: torch.nn.Mod
     rank, world = _rank_world(group)
     root = Path(root)
     final, tmp = step_dir(root, step), root / f".tmp_step_{step:08d}"
-    exists = final.exists()
-    if _gather_objects(exists, group)[0]:
+    optimizer.finish_param_gather()
+    shard = optimizer.state_dict()
+    checks = _gather_objects((final.exists(), plain_data_problem(dict(extra or {})),
+                              plain_data_problem(shard, f"optimizer state of rank {rank}")), group)
+    exists, problem = checks[0][0], checks[0][1]  # rank 0's extra is the one written; every rank raises together
+    if problem is not None:
+        raise TypeError(f"extra must hold plain data only (tensors, numbers, str, None, dict / list / tuple), so "
+                        f"that the load reads it with weights_only=True; got: {problem}")
+    if shard_problems := [c[2] for c in checks if c[2] is not None]:
+        raise TypeError(f"the optimizer state must be plain data so that the load reads it with weights_only=True; "
+                        f"got: {shard_problems[0]}")
+    if exists:
         raise FileExistsError(f"checkpoint {final} already exists; checkpoints are never overwritten "
                               "(choose another step or root, or delete it yourself)")
     if rank == 0:
@@ -137,8 +188,6 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, model: torch.nn.Mod
             shutil.rmtree(tmp)
         tmp.mkdir()
     _barrier(group)
-    optimizer.finish_param_gather()
-    shard = optimizer.state_dict()
     shard_name = f"optim_rank{rank}.pt"
     info = {"file": shard_name, "sha256": _save_file(shard, tmp / shard_name), "owned": shard["owned"],
             "state": _state_digests(shard)}
@@ -171,13 +220,31 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, model: torch.nn.Mod
     return final
 
 
+_MANIFEST_KEYS: dict[str, type] = {"format": str, "step": int, "dp_size": int, "files": dict, "params": dict,
+                                   "shards": dict, "optimizer_state": dict}
+
+
 def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint folder ``path``; a missing, empty, truncated or malformed one is refused."""
     mf = path / "manifest.json"
+    fix = (f"move the folder {path} aside (resume then starts from the previous checkpoint) or restore its "
+           "manifest.json")
     if not mf.is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no manifest.json); use latest_checkpoint(root)")
-    manifest = json.loads(mf.read_text())
+        raise CheckpointError(f"{path} is not a complete checkpoint: manifest.json is missing (a save writes it "
+                              f"before the folder gets its step_* name, so the folder was damaged); {fix}")
+    try:
+        manifest = json.loads(mf.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        state = "empty" if mf.stat().st_size == 0 else f"not valid JSON ({e})"
+        raise CheckpointError(f"{path} is not a complete checkpoint: {mf.name} is {state}; {fix}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path}: manifest.json must hold a JSON object; got {type(manifest).__name__}; {fix}")
     if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{mf}: format must be {FORMAT!r}; got {manifest.get('format')!r}")
+        raise CheckpointError(f"{mf}: format must be {FORMAT!r}; got {manifest.get('format')!r}; {fix}")
+    bad = [f"{k} ({kind.__name__} expected)" for k, kind in _MANIFEST_KEYS.items()
+           if not isinstance(manifest.get(k), kind)]
+    if bad:
+        raise CheckpointError(f"{path}: manifest.json lacks or mangles {bad}; {fix}")
     return manifest
 
 
@@ -186,10 +253,22 @@ def _load_verified(path: Path, name: str, manifest: dict[str, Any]) -> Any:
     if not f.is_file():
         raise CheckpointError(f"checkpoint {path} is missing {name} (saved at DP size {manifest['dp_size']} with "
                               f"files {sorted(manifest['files'])})")
+    if name not in manifest["files"]:
+        raise CheckpointError(f"checkpoint {path}: manifest.json lists no SHA-256 for {name}; move the folder aside")
     if _file_sha256(f) != manifest["files"][name]:
         raise CheckpointError(f"checkpoint file {f} is corrupt: its SHA-256 differs from the manifest "
                               "(truncated or modified after the save)")
-    return torch.load(f, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(f, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
+        what = f" (it refers to {found.group(1)})" if found else ""
+        raise CheckpointError(f"checkpoint file {f} holds more than tensors and plain containers{what}: refused "
+                              "without unpickling it (a nemo_muon checkpoint is data only; this file was not "
+                              "written by nemo_muon or was modified after the save)") from None
+    except (RuntimeError, EOFError, ValueError) as e:
+        raise CheckpointError(f"checkpoint file {f} cannot be read as a torch file ({e}); move the folder "
+                              "aside") from None
 
 
 def _check_same_model(model: torch.nn.Module, manifest: dict[str, Any], path: Path) -> None:
@@ -216,24 +295,25 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimi
     optimizer.finish_param_gather()  # an in-flight gather must not overwrite the loaded weights (Megatron-LM #6920)
     params = _load_verified(path, "model.pt", manifest)
     extra = _load_verified(path, "extra.pt", manifest)
-    error: CheckpointError | None = None
+    error: str | None = None
     try:  # each rank reads only the shards it needs, so a bad shard may fail on some ranks only
         merged = _read_shards(path, manifest, set(optimizer.owned_names))
     except CheckpointError as e:
-        error = e
-    # every rank refuses together (none is left waiting in a collective)
-    if _max_over_ranks(float(error is not None), group, optimizer.comm_device) > 0:
-        raise error or CheckpointError(f"checkpoint {path}: reading an optimizer shard failed on another rank; "
-                                       "not loading")
+        error = str(e)
+    # every rank refuses together, with the same message (none is left waiting in a collective)
+    errors = [e for e in _gather_objects(error, group) if e is not None]
+    if errors:
+        raise CheckpointError(errors[0])
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(params[n])
     if merged:
         optimizer.load_state_dict(merged)
-    bad = _verify(model, optimizer, manifest)
-    if _max_over_ranks(float(len(bad)), group, optimizer.comm_device) > 0:
-        raise CheckpointError(f"checkpoint {path} failed verification after load on "
-                              f"{'this rank' if bad else 'another rank'}: {bad[:10]}; not training on wrong weights")
+    bad = _gather_objects(_verify(model, optimizer, manifest)[:10], group)  # every rank raises the same error
+    if any(bad):
+        found = {f"rank {r}": names for r, names in enumerate(bad) if names}
+        raise CheckpointError(f"checkpoint {path} failed verification after load: {found}; not training on wrong "
+                              "weights; move the folder aside")
     return extra
 
 
@@ -250,13 +330,6 @@ def _read_shards(path: Path, manifest: dict[str, Any], mine: set[str]) -> dict[s
     if mine and not merged:
         raise CheckpointError(f"checkpoint {path} has no optimizer state for {sorted(mine)[:10]}")
     return merged
-
-
-def _max_over_ranks(value: float, group: dist.ProcessGroup | None, device: torch.device) -> float:
-    t = torch.tensor([value], device=device)  # on the params' device: an NCCL group takes no CPU tensors
-    if group is not None:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.item()
 
 
 def _verify(model: torch.nn.Module, optimizer: LayerWiseDistributedOptimizer, manifest: dict[str, Any]) -> list[str]:

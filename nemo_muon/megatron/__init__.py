@@ -8,6 +8,7 @@ of Megatron-Core, Bridge or NeMo:
 * `registration`: nemo-muon's Muon inside Megatron-Core's layer-wise distributed optimizer (engine 'nemo_muon');
 * `bridge_hook`: Megatron-Bridge 0.3's optimizer setup building that engine;
 * `stack`: which installed stacks can build which optimizer;
+* `recipe_rules`: what the megatron backend refuses, checked when a recipe is built (torch-free);
 * `model_config`, `bridge`: Megatron-Bridge configs of the recipes;
 * `nemo2`: NeMo 2.7 optimizer modules and optimizer recipes (needs NeMo).
 """
@@ -18,7 +19,7 @@ import importlib
 from typing import Any
 
 SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "build", "model_config", "nemo2", "optimizer_config",
-                               "registration", "stack")
+                               "recipe_rules", "registration", "stack")
 
 
 def __getattr__(name: str) -> Any:

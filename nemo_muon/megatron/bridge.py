@@ -284,6 +284,8 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) 
         "tensorboard_dir": os.path.join(recipe.logging.root, "tensorboard") if recipe.logging.tensorboard else None,
     })
     merge("rng", {"seed": tr.seed})
+    # a stalled rank fails every collective after this long (whole minutes: recipe_rules refuses others)
+    merge("dist", {"distributed_timeout_minutes": int(recipe.system.collective_timeout // 60)})
     return out
 
 

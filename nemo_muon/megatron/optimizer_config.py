@@ -75,15 +75,34 @@ def api_for_fields(fields: Collection[str]) -> str:
     raise ValueError("megatron-core must be >= 0.16 (OptimizerConfig has no muon_* fields); got an older version")
 
 
+API_FIELDS: dict[str, frozenset[str]] = {
+    API_016: frozenset({"muon_momentum"}),
+    API_018: frozenset({"muon_momentum", "use_layer_wise_distributed_optimizer"}),
+}
+"""The field names that tell the API generations apart: enough for `megatron_optimizer_spec` to refuse what a
+generation cannot honour before launch, where Megatron-Core is not installed (the kwargs it returns are partial)."""
+
+
+def api_for_version(version: str) -> str:
+    """The API generation of a Megatron-Core version string ('0.16.0' -> '0.16', '0.19.2' -> '0.18+')."""
+    from nemo_muon.versions import release_numbers
+
+    numbers = release_numbers(version)
+    if numbers[:2] < (0, 16):
+        raise ValueError(f"megatron-core must be >= 0.16 (the first with Muon); got {version!r}")
+    return API_018 if numbers[:2] >= (0, 18) else API_016
+
+
 def _refuse(field: str, value: Any, why: str) -> ValueError:
     return ValueError(f"{field}={value!r} cannot be honoured by Megatron-Core: {why}")
 
 
 def _common(opt: OptimizerConfig, *, grad_clip: float, min_lr: float | None, bf16: bool) -> dict[str, Any]:
-    if getattr(opt, "nonfinite", "raise") != "raise":  # AdamWConfig has no policy field
+    # AdamWConfig has no policy field; engine 'nemo_muon' skips globally (`nemo_muon.megatron.nonfinite`)
+    if getattr(opt, "nonfinite", "raise") != "raise" and getattr(opt, "engine", None) != BUILDER_NEMO_MUON:
         raise _refuse(f"{opt.name}.nonfinite", opt.nonfinite,
                       "it has no skip-step for bf16 without a loss scaler; set nonfinite='raise' (Megatron's "
-                      "check_for_nan_in_grad)")
+                      "check_for_nan_in_grad), or optimizer.engine='nemo_muon', which skips the step on every rank")
     kw: dict[str, Any] = {"lr": opt.lr, "weight_decay": opt.weight_decay, "clip_grad": grad_clip, "bf16": bf16}
     if min_lr is not None:
         kw["min_lr"] = min_lr

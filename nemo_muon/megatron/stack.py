@@ -131,12 +131,18 @@ def check_recipe_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept
     """
     if recipe.backend != "megatron":
         return
-    engine = optimizer_engine(recipe.optimizer)
-    if installed_versions()[MCORE] is not None:
-        check_installed_stack(recipe.optimizer.name, engine)
-        return
+    versions, where = target_stack()
+    check_stack(recipe.optimizer.name, versions, where=where, engine=optimizer_engine(recipe.optimizer))
+
+
+def target_stack() -> tuple[dict[str, str | None], str]:
+    """(versions, description) of the stack a megatron run builds on: the installed one where Megatron-Core is
+    installed, else the container release's (``$NEMO_MUON_RELEASE`` or the default, with what our image adds)."""
+    installed = installed_versions()
+    if installed[MCORE] is not None:
+        return installed, "the installed stack"
     tag = current_release().tag
-    check_stack(recipe.optimizer.name, release_versions(tag), where=f"the nemo:{tag} container stack", engine=engine)
+    return release_versions(tag), f"the nemo:{tag} container stack"
 
 
 def _main(argv: list[str] | None = None) -> int:

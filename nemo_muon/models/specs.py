@@ -13,8 +13,17 @@ from typing import Literal
 
 from nemo_muon._validation import check_choice, check_positive_int
 
+MIN_VOCAB_SIZE = 2
+"""A vocabulary of one token has nothing to predict (the loss is 0 from the first step)."""
+
 Family = Literal["deepseek_v3", "qwen3_moe"]
 FAMILIES: tuple[str, ...] = ("deepseek_v3", "qwen3_moe")
+
+
+def _check_even(field: str, value: int) -> None:
+    """RoPE rotates pairs of channels: the rotary head dimension must be even (HF refuses odd ones when it builds)."""
+    if value % 2:
+        raise ValueError(f"{field} must be an even number (RoPE rotates pairs of channels); got {value}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,15 +78,21 @@ class ModelSpec:
         """Check the numbers are a buildable architecture."""
         f = f"model[{self.name}]"
         check_choice(f"{f}.family", self.family, FAMILIES)
-        for field in ("num_layers", "hidden_size", "vocab_size", "num_attention_heads"):
+        for field in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings"):
             check_positive_int(f"{f}.{field}", getattr(self, field))
+        check_positive_int(f"{f}.vocab_size", self.vocab_size, minimum=MIN_VOCAB_SIZE)
+        for field in dataclasses.fields(self):  # every count >= 0 and bounded; the family's own rules follow
+            if field.type in ("int", int):
+                check_positive_int(f"{f}.{field.name}", getattr(self, field.name), minimum=0)
         if self.family == "deepseek_v3":
             for field in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
                 check_positive_int(f"{f}.{field}", getattr(self, field))
             check_positive_int(f"{f}.q_lora_rank", self.q_lora_rank, minimum=0)
+            _check_even(f"{f}.qk_rope_head_dim", self.qk_rope_head_dim)
         else:
             check_positive_int(f"{f}.num_query_groups", self.num_query_groups)
             check_positive_int(f"{f}.head_dim", self.head_dim)
+            _check_even(f"{f}.head_dim", self.head_dim)  # Qwen3 rotates the whole head
             if self.num_attention_heads % self.num_query_groups:
                 raise ValueError(
                     f"{f}.num_attention_heads must be a multiple of num_query_groups ({self.num_query_groups}); "

@@ -1,4 +1,4 @@
-"""Read our metrics JSONL (docs/ARCHITECTURE.md: a 'run' header, then 'train' and 'val' events)."""
+"""Read our metrics JSONL (docs/ARCHITECTURE.md: a 'run' header, 'train' and 'val' events, maybe a 'stop')."""
 
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
+
+
+def _count(value: Any) -> int | None:
+    """A bool (``skipped``) as 0 / 1, a non-negative int as itself, anything else None."""
+    if isinstance(value, bool):
+        return int(value)
+    return value if isinstance(value, int) and value >= 0 else None
 
 
 def _step(value: Any) -> int | None:
@@ -53,10 +60,13 @@ def parse_metrics_jsonl(text: str, *, name: str, source: Path) -> RunLog:
             run.world_size = ws if isinstance(ws, int) and not isinstance(ws, bool) else run.world_size
         elif event == "train" and _step(obj.get("step")) is not None:
             step = obj["step"]
-            train[step] = TrainPoint(step=step, **{k: _number(obj.get(k)) for k in _TRAIN_FIELDS})
+            train[step] = TrainPoint(step=step, **{k: _number(obj.get(k)) for k in _TRAIN_FIELDS},
+                                     skipped=_count(obj.get("skipped")), skipped_total=_count(obj.get("skipped_steps")))
         elif event == "val" and _step(obj.get("step")) is not None and _number(obj.get("val_loss")) is not None:
             step = obj["step"]
             val[step] = ValPoint(step=step, val_loss=float(obj["val_loss"]), elapsed_s=_number(obj.get("elapsed_s")))
+        elif event == "stop":
+            run.stop = obj
         else:
             run.skipped_lines += 1
     run.train = [train[s] for s in sorted(train)]

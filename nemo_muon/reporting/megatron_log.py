@@ -33,6 +33,7 @@ _TRAIN_FIELDS: dict[str, re.Pattern[str]] = {
     "loss": re.compile(r"\blm loss:\s*" + _NUM + _END),
     "grad_norm": re.compile(r"grad norm:\s*" + _NUM + _END),
     "global_batch_size": re.compile(r"global batch size:\s*" + _NUM + _END),
+    "skipped": re.compile(r"number of skipped iterations:\s*" + _NUM + _END),
 }
 _VAL_LOSS = re.compile(r"lm loss value:\s*" + _NUM + _END)
 _BRIDGE_STEP = re.compile(r"Step Time\s*:\s*" + _NUM + r"s\s+GPU utilization:\s*" + _NUM + r"\s*MODEL_TFLOP/s/GPU")
@@ -105,7 +106,8 @@ def parse_megatron_log(text: str, *, name: str, source: Path) -> RunLog:
         elapsed = elapsed + step_time_s if step_time_s is not None else elapsed
         run.train.append(TrainPoint(step=step, loss=f.get("loss"), lr=f.get("lr"), grad_norm=f.get("grad_norm"),
                                     step_time_s=step_time_s, model_tflops=f.get("model_tflops"),
-                                    elapsed_s=elapsed if step_time_s is not None else None))
+                                    elapsed_s=elapsed if step_time_s is not None else None,
+                                    skipped=int(f["skipped"]) if "skipped" in f else None))
     if not run.train and bridge_steps:  # Bridge's own step lines when no Megatron iteration lines are present
         elapsed = 0.0
         for idx, (secs, tflops) in enumerate(bridge_steps, start=1):

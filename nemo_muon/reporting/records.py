@@ -25,6 +25,11 @@ class TrainPoint:
     """Newton-Schulz TFLOP/s per GPU (the optimizer's extra matmuls), when known."""
     elapsed_s: float | None = None
     """Wall time since the run started, at the end of this step."""
+    skipped: int | None = None
+    """Steps skipped (non-finite gradient) that this record covers: our JSONL's ``skipped`` as 0 / 1, Megatron's
+    'number of skipped iterations' of the log interval."""
+    skipped_total: int | None = None
+    """Skipped steps of the run up to this step (our JSONL's ``skipped_steps``; continues over a resume)."""
 
 
 @dataclass(kw_only=True)
@@ -54,3 +59,5 @@ class RunLog:
     """Largest 'max allocated' (or max reserved when that is all there is) seen in the log, in GB."""
     skipped_lines: int = 0
     """Lines that looked like metrics but could not be parsed (partial writes, interleaving)."""
+    stop: dict[str, Any] | None = None
+    """Our JSONL's ``stop`` event (a run that ended early, e.g. ``reason: diverged``), if any."""

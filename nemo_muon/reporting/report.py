@@ -42,6 +42,10 @@ def write_report_for(runs: Sequence[RunLog], out_dir: Path) -> Path:
     if skipped:
         lines += ["Unparsed lines (partial or interleaved writes): "
                   + ", ".join(f"{s.name}: {s.skipped_lines}" for s in skipped), ""]
+    stopped = [r for r in runs if r.stop is not None]
+    if stopped:
+        lines += ["Stopped early: " + "; ".join(f"{r.name} at step {r.stop.get('step')} ({r.stop.get('reason')})"
+                                                for r in stopped), ""]
     lines += ["Sources: " + "; ".join(f"{r.name} = " + ", ".join(str(s) for s in r.sources) for r in runs), ""]
     lines += [f"![{img.stem}]({img.name})" for img in images]
     md = out_dir / "report.md"

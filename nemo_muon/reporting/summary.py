@@ -29,6 +29,8 @@ class RunSummary:
     optimizer_share: float | None
     """sum(optimizer_time_s) / sum(step_time_s) over steady-state steps."""
     peak_memory_gb: float | None
+    skipped_steps: int | None
+    """Steps skipped for a non-finite gradient (None: the log does not say)."""
     skipped_lines: int
 
     def as_dict(self) -> dict[str, Any]:
@@ -76,6 +78,16 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def skipped_steps(points: Sequence[TrainPoint]) -> int | None:
+    """The run's skipped steps: the last cumulative count when the log has one, else the sum of the per-record
+    counts; None when no record says."""
+    totals = [p.skipped_total for p in points if p.skipped_total is not None]
+    if totals:
+        return totals[-1]
+    counts = [p.skipped for p in points if p.skipped is not None]
+    return sum(counts) if counts else None
+
+
 def summarize(run: RunLog) -> RunSummary:
     """Reduce a run to its table row."""
     losses = [p for p in run.train if p.loss is not None]
@@ -99,6 +111,7 @@ def summarize(run: RunLog) -> RunSummary:
         model_ns_tflops=model_ns,
         optimizer_share=share,
         peak_memory_gb=run.peak_memory_gb,
+        skipped_steps=skipped_steps(run.train),
         skipped_lines=run.skipped_lines,
     )
 

@@ -18,6 +18,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("model+NS TFLOP/s/GPU", "model_ns_tflops"),
     ("optimizer step share", "optimizer_share"),
     ("peak mem GB", "peak_memory_gb"),
+    ("skipped steps", "skipped_steps"),
 )
 
 

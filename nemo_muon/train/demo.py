@@ -71,7 +71,7 @@ def run_demo(family: str = "kimi_k2", *, steps: int | None = None, runs_root: st
     return {"report": md, "table": table, "runs": summaries}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nemo_muon.train.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=FAMILIES, default="kimi_k2", help="model family (default kimi_k2)")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the recipe's)")
@@ -80,8 +80,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be an integer >= 1; got {args.steps}")
-    run_demo(args.family, steps=args.steps, runs_root=args.runs_root, reports_root=args.reports_root)
+    from nemo_muon.train.refusals import run_or_refuse
+
+    return run_or_refuse(lambda: run_demo(args.family, steps=args.steps, runs_root=args.runs_root,
+                                          reports_root=args.reports_root), rank=0)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -8,8 +8,10 @@ the training optimizer reduces, clips and steps. Rank 0 logs metrics (JSONL sche
 prints a progress line, validates every ``trainer.eval_interval`` steps and at the end, and checkpoints.
 
 Checkpoints are `nemo_muon.layerwise.checkpoint`'s (atomic, never overwritten, loadable at any DP size, verified
-by checksums agreed across ranks), for every optimizer; the training state rides in their ``extra``
-(`training_state`): step, data position, scheduler, RNG.
+by checksums agreed across ranks, data only), for every optimizer; the training state rides in their ``extra``
+(`nemo_muon.train.state`): step, data position, scheduler, optimizer settings, RNG. A resume that cannot be
+honoured raises `RunRefused` or `CheckpointError` on every rank; a diverged run (``trainer.max_consecutive_skips``
+skipped steps in a row, `nemo_muon.train.divergence`) raises `TrainingDiverged` after warning at each skipped step.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -29,13 +31,15 @@ from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.layerwise import checkpoint as lw_ckpt
 from nemo_muon.models.hf import build_model, count_parameters
 from nemo_muon.train.data import TokenData, build_token_data, default_cache_dir
+from nemo_muon.train.divergence import DivergenceWatch
 from nemo_muon.train.flops import StepFlops, step_flops
 from nemo_muon.train.metrics import METRICS_FILE, MetricsWriter, Stopwatch, progress_line
-from nemo_muon.train.optimizers import TrainingOptimizer, build_training_optimizer
+from nemo_muon.train.optimizers import StepResult, TrainingOptimizer, build_training_optimizer
+from nemo_muon.train.refusals import RunRefused, TrainingDiverged
 from nemo_muon.train.schedule import lr_multiplier
+from nemo_muon.train.state import ResumePoint, restore_training_state, training_state
 
 TORCH_PRECISIONS = ("fp32", "bf16")
-TRAINING_STATE_FORMAT = "nemo_muon.train.state/1"
 
 
 def _rank_world(group: Any) -> tuple[int, int]:
@@ -49,34 +53,37 @@ def _barrier(group: Any) -> None:
 
 def check_torch_recipe(recipe: TrainingRecipe, world_size: int) -> int:
     """Validate what the torch backend supports; returns the gradient-accumulation steps per rank."""
-    recipe.validate()
+    try:
+        recipe.validate()
+    except ValueError as e:
+        raise RunRefused(str(e)) from None
     if not recipe.layerwise:
-        raise ValueError("recipe.layerwise must be True for backend 'torch' (every optimizer runs through the "
+        raise RunRefused("recipe.layerwise must be True for backend 'torch' (every optimizer runs through the "
                          "layer-wise engine: one optimizer state and checkpoint format); got False")
     p = recipe.parallelism
     for name in ("tp", "pp", "cp", "ep", "etp", "vp"):
         if getattr(p, name) != 1:
-            raise ValueError(f"parallelism.{name} must be 1 for backend 'torch' (data parallelism only); "
+            raise RunRefused(f"parallelism.{name} must be 1 for backend 'torch' (data parallelism only); "
                              f"got {getattr(p, name)}")
     if p.sequence_parallel or p.pipeline_layout is not None:
-        raise ValueError(f"parallelism.sequence_parallel must be False and parallelism.pipeline_layout None for backend "
+        raise RunRefused(f"parallelism.sequence_parallel must be False and parallelism.pipeline_layout None for backend "
                          f"'torch' (data parallelism only); got {p.sequence_parallel} and {p.pipeline_layout!r}")
     if recipe.qk_clip:
-        raise ValueError("recipe.qk_clip must be False for backend 'torch' (MuonClip runs in the 'megatron' backend); "
+        raise RunRefused("recipe.qk_clip must be False for backend 'torch' (MuonClip runs in the 'megatron' backend); "
                          "got True")
     if recipe.world_size != world_size:
-        raise ValueError(f"system.num_nodes*gpus_per_node must equal the number of running ranks {world_size}; "
+        raise RunRefused(f"system.num_nodes*gpus_per_node must equal the number of running ranks {world_size}; "
                          f"got {recipe.world_size}")
     if recipe.precision.kind not in TORCH_PRECISIONS:
-        raise ValueError(f"precision.kind must be one of {TORCH_PRECISIONS} for backend 'torch'; "
+        raise RunRefused(f"precision.kind must be one of {TORCH_PRECISIONS} for backend 'torch'; "
                          f"got {recipe.precision.kind!r}")
     t = recipe.trainer
     per_step = t.micro_batch_size * world_size
     if t.global_batch_size % per_step:
-        raise ValueError(f"trainer.global_batch_size must be a multiple of micro_batch_size * DP = {per_step}; "
+        raise RunRefused(f"trainer.global_batch_size must be a multiple of micro_batch_size * DP = {per_step}; "
                          f"got {t.global_batch_size}")
     if t.seq_length > recipe.model.max_position_embeddings:
-        raise ValueError(f"trainer.seq_length must be <= model max_position_embeddings "
+        raise RunRefused(f"trainer.seq_length must be <= model max_position_embeddings "
                          f"{recipe.model.max_position_embeddings}; got {t.seq_length}")
     return t.global_batch_size // per_step
 
@@ -97,7 +104,7 @@ def check_eval_windows(recipe: TrainingRecipe, data: TokenData) -> None:
     """Validation uses eval_iters * global_batch_size windows (all for eval_iters=0): refuse more than the data holds."""
     t = recipe.trainer
     if t.eval_iters * t.global_batch_size > data.num_val:
-        raise ValueError(f"trainer.eval_iters * global_batch_size must be <= the {data.num_val} validation windows "
+        raise RunRefused(f"trainer.eval_iters * global_batch_size must be <= the {data.num_val} validation windows "
                          f"(raise data.val_fraction, or eval_iters=0 for all of them); got {t.eval_iters} * "
                          f"{t.global_batch_size} = {t.eval_iters * t.global_batch_size}")
 
@@ -149,6 +156,44 @@ def run_dir_of(recipe: TrainingRecipe) -> Path:
     return Path(recipe.logging.root) / (recipe.logging.run_name or recipe.name)
 
 
+def resume_or_check_fresh(recipe: TrainingRecipe, ckpt_root: Path, model: torch.nn.Module, opt: TrainingOptimizer,
+                          data: TokenData, group: Any) -> ResumePoint | None:
+    """With ``checkpoint.resume``: load the newest checkpoint under ``ckpt_root`` (refusing a damaged one, never
+    skipping it) and check it against this run; else refuse a checkpoint root that is already in use."""
+    latest = lw_ckpt.latest_checkpoint(ckpt_root)
+    if not recipe.checkpoint.resume:
+        if recipe.checkpoint.save_interval and latest is not None:
+            raise RunRefused(f"checkpoint.dir {str(ckpt_root)!r} already holds checkpoints; set "
+                             "checkpoint.resume=True or choose a new checkpoint.dir / logging.run_name (checkpoints "
+                             "are never overwritten)")
+        return None
+    if latest is None:
+        raise RunRefused(f"checkpoint.resume=True needs a verified checkpoint under {str(ckpt_root)!r}; found none")
+    try:
+        extra = lw_ckpt.load_checkpoint(latest, model, opt.engine, group)
+    except lw_ckpt.CheckpointError as err:
+        fix = "" if "aside" in str(err) else ". Move that folder aside to resume from an earlier checkpoint"
+        raise lw_ckpt.CheckpointError(f"checkpoint.resume=True cannot resume from {str(latest)!r}: {err}{fix}") from err
+    return restore_training_state(extra, recipe, data, latest)
+
+
+def _stop(metrics: MetricsWriter, step: int, err: TrainingDiverged) -> NoReturn:
+    """End a diverged run: record a ``stop`` event, close the metrics, raise ``err`` (the entry point prints it)."""
+    metrics.write("stop", step=step, reason="diverged", message=str(err))
+    metrics.close()
+    raise err
+
+
+def _watch_step(watch: DivergenceWatch, metrics: MetricsWriter, step: int, loss: float, result: StepResult) -> None:
+    """Warn about a non-finite loss or a skipped step; stop the run after too many consecutive skips."""
+    try:
+        warning = watch.observe(step, loss, result.grad_norm, result.skipped)
+    except TrainingDiverged as err:
+        _stop(metrics, step, err)
+    if warning is not None:
+        metrics.warn(warning)
+
+
 def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | None = None) -> dict[str, Any]:
     """Train ``recipe`` on this rank of ``group`` (None = one process); returns a summary (same on every rank).
 
@@ -179,26 +224,12 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
     for g in opt.param_groups:
         g.setdefault("peak_lr", g["lr"])
 
-    start_step, resumed_from, elapsed_before = 0, None, 0.0
-    if recipe.checkpoint.resume:
-        latest = lw_ckpt.latest_checkpoint(ckpt_root)
-        if latest is None:
-            raise ValueError(f"checkpoint.resume=True needs a verified checkpoint under {str(ckpt_root)!r}; "
-                             "found none")
-        try:
-            extra = lw_ckpt.load_checkpoint(latest, model, opt.engine, group)
-        except lw_ckpt.CheckpointError as err:
-            raise lw_ckpt.CheckpointError(f"checkpoint.resume=True cannot resume from {str(latest)!r}: {err}. Move "
-                                          "that folder aside to resume from an earlier checkpoint") from err
-        start_step = restore_training_state(extra, recipe, data, latest)
-        elapsed_before = float(extra.get("elapsed_s", 0.0))  # metrics time continues over the resume
-        resumed_from = str(latest)
-    elif recipe.checkpoint.save_interval and lw_ckpt.latest_checkpoint(ckpt_root) is not None:
-        raise ValueError(f"checkpoint.dir {str(ckpt_root)!r} already holds checkpoints; set checkpoint.resume=True "
-                         "or choose a new checkpoint.dir / logging.run_name (checkpoints are never overwritten)")
-
+    resume = resume_or_check_fresh(recipe, ckpt_root, model, opt, data, group)
+    start_step = resume.step if resume else 0
+    elapsed_before = resume.elapsed_s if resume else 0.0  # metrics time continues over the resume
+    resumed_from = resume.source if resume else None
     if start_step == 0 and (run_dir / METRICS_FILE).exists():
-        raise ValueError(f"logging.run_name must name a new run folder (or set checkpoint.resume=True); "
+        raise RunRefused(f"logging.run_name must name a new run folder (or set checkpoint.resume=True); "
                          f"{str(run_dir)!r} already holds {METRICS_FILE}")
     _barrier(group)  # every rank has checked the folder before rank 0 creates files in it
     flops: StepFlops = step_flops(recipe, tokens_per_step=t.global_batch_size * t.seq_length, world_size=world)
@@ -210,8 +241,11 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
                   grad_accumulation=accum, seq_length=t.seq_length, seed=t.seed, precision=recipe.precision.kind,
                   lr=recipe.optimizer.lr, scheduler=recipe.scheduler.kind, data=data.info,
                   model_flops_per_step=flops.model_flops, ns_flops_per_step=flops.ns_flops,
-                  tensorboard=metrics.tensorboard, resumed_from=resumed_from, start_step=start_step)
+                  tensorboard=metrics.tensorboard, resumed_from=resumed_from, start_step=start_step,
+                  max_consecutive_skips=t.max_consecutive_skips,
+                  optimizer_changes=resume.optimizer_changes if resume else None)
 
+    watch = DivergenceWatch(limit=t.max_consecutive_skips)
     clock = Stopwatch()
     per_rank = t.global_batch_size // world
     end_step = t.max_steps if stop_after_steps is None else min(t.max_steps, start_step + stop_after_steps)
@@ -231,7 +265,10 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
             loss, n = _loss_sum(model, data.batch(chunk), recipe.precision.kind)
             (loss / (n * accum * world)).backward()
             loss_acc += loss.item() / n
-        result = opt.step()
+        try:
+            result = opt.step()
+        except FloatingPointError as err:  # optimizer.nonfinite='raise': raised on every rank together
+            _stop(metrics, step + 1, DivergenceWatch.nonfinite_raised(step + 1, err))
         if group is not None:
             dist.all_reduce(loss_acc, group=group)
         loss_value = float(loss_acc) / (accum * world)
@@ -242,12 +279,13 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
             steady_time += step_time
         losses[done] = loss_value
         tps = tokens / step_time
-        if done % t.log_interval == 0 or done == end_step:
+        if done % t.log_interval == 0 or done == end_step or result.skipped:  # every skipped step is logged
             metrics.write("train", step=done, loss=loss_value, lr=recipe.optimizer.lr * mult,
-                          grad_norm=result.grad_norm, skipped=result.skipped, tokens=done * tokens,
-                          step_time_s=step_time, optimizer_time_s=result.optimizer_time_s, tokens_per_s=tps,
-                          model_tflops=flops.model_flops / world / step_time / 1e12,
+                          grad_norm=result.grad_norm, skipped=result.skipped, skipped_steps=opt.engine.skipped_steps,
+                          tokens=done * tokens, step_time_s=step_time, optimizer_time_s=result.optimizer_time_s,
+                          tokens_per_s=tps, model_tflops=flops.model_flops / world / step_time / 1e12,
                           ns_tflops=flops.ns_flops / world / step_time / 1e12, elapsed_s=elapsed_before + clock.elapsed())
+        _watch_step(watch, metrics, done, loss_value, result)
         val_loss = None
         if (t.eval_interval and done % t.eval_interval == 0) or done == t.max_steps:
             opt.wait_params()
@@ -268,56 +306,3 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
         "tokens_per_s": (steady_steps * t.global_batch_size * t.seq_length / steady_time) if steady_time else None,
         "wall_s": clock.elapsed(), "data": data.info,
     }
-
-
-
-def training_state(recipe: TrainingRecipe, step: int, world: int, data: TokenData,
-                   elapsed_s: float) -> dict[str, Any]:
-    """The ``extra`` of a checkpoint after ``step`` steps: what resuming needs besides weights and optimizer state.
-
-    The data position is the next step (batches are a function of seed and step), the scheduler is a function of
-    the step (its settings are recorded and checked on resume), the RNG is this process's torch CPU generator,
-    ``elapsed_s`` the run's metrics time so far (a resumed run's ``elapsed_s`` continues from it).
-    """
-    t = recipe.trainer
-    return {
-        "format": TRAINING_STATE_FORMAT, "step": step, "recipe": recipe.name, "optimizer": recipe.optimizer.name,
-        "world_size": world,
-        "data": {"fingerprint": data.info["fingerprint"], "next_step": step, "seed": t.seed,
-                 "global_batch_size": t.global_batch_size, "seq_length": t.seq_length},
-        "scheduler": _schedule_settings(recipe),
-        "rng": {"torch_cpu": torch.get_rng_state()}, "elapsed_s": elapsed_s,
-    }
-
-
-def _schedule_settings(recipe: TrainingRecipe) -> dict[str, Any]:
-    """Everything the learning rate of a step depends on besides the step (the schedule is a function of it)."""
-    s = recipe.scheduler
-    return {"kind": s.kind, "warmup_steps": s.warmup_steps, "min_lr_ratio": s.min_lr_ratio,
-            "wsd_decay_fraction": s.wsd_decay_fraction, "max_steps": recipe.trainer.max_steps}
-
-
-def restore_training_state(extra: dict[str, Any], recipe: TrainingRecipe, data: TokenData, path: Path) -> int:
-    """Check a loaded checkpoint's training state against this run, restore the RNG; returns the step to resume at."""
-    if extra.get("format") != TRAINING_STATE_FORMAT:
-        raise ValueError(f"checkpoint {str(path)!r} must hold training state {TRAINING_STATE_FORMAT!r} in its extra "
-                         f"(saved by the training loop); got format {extra.get('format')!r}")
-    if extra["optimizer"] != recipe.optimizer.name:
-        raise ValueError(f"optimizer.name must match the checkpoint's optimizer {extra['optimizer']!r} to resume; "
-                         f"got {recipe.optimizer.name!r}")
-    saved = extra["data"]
-    if saved["fingerprint"] != data.info["fingerprint"]:
-        raise ValueError(f"checkpoint data fingerprint must match this run's data "
-                         f"{data.info['fingerprint']!r}; got {saved['fingerprint']!r}")
-    t = recipe.trainer
-    for field, value in (("seed", t.seed), ("global_batch_size", t.global_batch_size), ("seq_length", t.seq_length)):
-        if saved[field] != value:
-            raise ValueError(f"trainer.{field} must equal the checkpoint's {saved[field]} to continue its data order; "
-                             f"got {value}")
-    for field, value in _schedule_settings(recipe).items():
-        section = "trainer" if field == "max_steps" else "scheduler"
-        if extra["scheduler"].get(field) != value:
-            raise ValueError(f"{section}.{field} must equal the checkpoint's {extra['scheduler'].get(field)!r} to "
-                             f"continue its learning-rate schedule; got {value!r}")
-    torch.set_rng_state(extra["rng"]["torch_cpu"])
-    return int(saved["next_step"])

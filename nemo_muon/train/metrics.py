@@ -85,6 +85,11 @@ class MetricsWriter:
         if self.enabled:
             print(line, file=self.stream if self.stream is not None else sys.stdout, flush=True)
 
+    def warn(self, line: str) -> None:
+        """Print ``warning: <line>`` to stderr (rank 0 only): the run goes on but something needs attention."""
+        if self.enabled:
+            print(f"warning: {line}", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.config.recipe import TrainerConfig, TrainingRecipe
+
+SKIP_LIMIT_DEFAULT: int = TrainerConfig.__dataclass_fields__["max_consecutive_skips"].default
+"""`--max-consecutive-skips` defaults to the recipe's value; the config's default is this one (one source)."""
 
 
 def _init_from_env(recipe: TrainingRecipe) -> tuple[Any, bool]:
@@ -20,8 +23,12 @@ def _init_from_env(recipe: TrainingRecipe) -> tuple[Any, bool]:
     if dist.is_initialized():
         return dist.group.WORLD, False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from datetime import timedelta
+
         backend = "gloo" if recipe.system.gpu == "cpu" else "nccl"
-        dist.init_process_group(backend, init_method="env://")
+        # a stalled rank fails every collective after system.collective_timeout s, so the job ends (torchrun exits)
+        dist.init_process_group(backend, init_method="env://",
+                                timeout=timedelta(seconds=recipe.system.collective_timeout))
         return dist.group.WORLD, True
     return None, False
 
@@ -51,21 +58,34 @@ def pretrain(recipe: TrainingRecipe, **kwargs: Any) -> dict[str, Any]:
             dist.destroy_process_group()
 
 
-def main() -> None:
-    """`python -m nemo_muon.train.pretrain <recipe> [--resume]`: what torchrun runs for the torch backend."""
+def main(argv: list[str] | None = None) -> int:
+    """`python -m nemo_muon.train.pretrain <recipe> [--resume [--allow-optimizer-change]]`: what torchrun runs
+    for the torch backend. Returns the exit code: a refusal or divergence stop prints one line (rank 0)."""
     import argparse
 
     from nemo_muon.recipes import get_recipe
+    from nemo_muon.train.refusals import run_or_refuse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("recipe", help="recipe name (nemo-muon plan --list shows them)")
     parser.add_argument("--resume", action="store_true", help="resume from the newest verified checkpoint")
-    args = parser.parse_args()
+    parser.add_argument("--allow-optimizer-change", action="store_true",
+                        help="let the resume change optimizer hyper-parameters (= checkpoint.allow_optimizer_change)")
+    parser.add_argument("--max-consecutive-skips", type=int, default=None, metavar="N",
+                        help="stop after N consecutive skipped steps, 0 = never (= trainer.max_consecutive_skips; "
+                             f"default: the recipe's, {SKIP_LIMIT_DEFAULT} unless the recipe sets it)")
+    args = parser.parse_args(argv)
     recipe = get_recipe(args.recipe)
-    if args.resume:
-        recipe.checkpoint.resume = True
-    pretrain(recipe)
+    recipe.checkpoint.resume = recipe.checkpoint.resume or args.resume
+    recipe.checkpoint.allow_optimizer_change = recipe.checkpoint.allow_optimizer_change or args.allow_optimizer_change
+    if args.max_consecutive_skips is not None:
+        recipe.trainer.max_consecutive_skips = args.max_consecutive_skips
+    try:
+        recipe.validate()
+    except ValueError as e:
+        parser.error(str(e))
+    return run_or_refuse(lambda: pretrain(recipe), rank=int(os.environ.get("RANK", "0")))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

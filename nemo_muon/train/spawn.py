@@ -2,8 +2,9 @@
 
 Each rank is a fresh spawned process with OMP_NUM_THREADS=1 (one core each on small machines); ranks meet
 through a file in a temporary folder (no port); a rank that fails or a run that exceeds ``timeout_s`` raises
-here with the rank's traceback, instead of hanging. torchrun (`python -m nemo_muon.train.pretrain`) is the
-equivalent for command lines and NeMo-Run.
+here with the rank's traceback, instead of hanging. A refusal or divergence stop (`nemo_muon.train.refusals`,
+raised by every rank together) is re-raised here as the same error with its one-line message and no traceback.
+torchrun (`python -m nemo_muon.train.pretrain`) is the equivalent for command lines and NeMo-Run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nemo_muon.config.limits import CPU_COLLECTIVE_TIMEOUT_S
 from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.train.refusals import one_line, rebuild, refusal_kind
 
 
 def _contains_tensor(obj: Any) -> bool:
@@ -31,14 +34,18 @@ def _contains_tensor(obj: Any) -> bool:
     return False
 
 
-def _rank_main(rank: int, world: int, init_file: str, fn: Callable, args: Sequence[Any], results: Any) -> None:
+def _rank_main(rank: int, world: int, init_file: str, fn: Callable, args: Sequence[Any], results: Any,
+               collective_timeout_s: float) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
+        from datetime import timedelta
+
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=collective_timeout_s))
         try:
             out = fn(rank, world, dist.group.WORLD, *args)
             if _contains_tensor(out):
@@ -48,17 +55,23 @@ def _rank_main(rank: int, world: int, init_file: str, fn: Callable, args: Sequen
         finally:
             dist.destroy_process_group()
         results.put((rank, "ok", out))
-    except BaseException:  # report every failure to the parent
-        results.put((rank, "error", traceback.format_exc()))
+    except BaseException as err:  # report every failure to the parent
+        kind = refusal_kind(err)
+        if kind is not None:  # an expected, user-fixable end: its message is all the parent needs
+            results.put((rank, "refused", (kind, one_line(err))))
+        else:
+            results.put((rank, "error", traceback.format_exc()))
 
 
 def spawn_ranks(fn: Callable, world: int, args: Sequence[Any] = (), *, timeout_s: float = 3600.0,
-                daemon: bool = True) -> list[Any]:
+                daemon: bool = True, collective_timeout_s: float = CPU_COLLECTIVE_TIMEOUT_S) -> list[Any]:
     """Run ``fn(rank, world, group, *args)`` (a module-level function) on ``world`` gloo ranks; results by rank.
 
-    Results must be plain data (no torch tensors). Raises RuntimeError with the rank's traceback when a rank fails,
+    Results must be plain data (no torch tensors). Raises RuntimeError with the rank's traceback when a rank fails
+    (a refusal: the rank's `RunRefused` / `CheckpointError` / `TrainingDiverged`, one line, no traceback),
     TimeoutError when the ranks do not finish within ``timeout_s``. ``daemon=False`` lets a rank start processes
     of its own (Megatron's dist_checkpointing writer does); ranks still alive at the end are killed either way.
+    A collective that waits ``collective_timeout_s`` for a stalled rank fails on the ranks still running.
     """
     import torch.multiprocessing as mp
 
@@ -66,7 +79,8 @@ def spawn_ranks(fn: Callable, world: int, args: Sequence[Any] = (), *, timeout_s
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_rank_main, args=(r, world, init_file, fn, tuple(args), results), daemon=daemon)
+        procs = [ctx.Process(target=_rank_main, daemon=daemon,
+                             args=(r, world, init_file, fn, tuple(args), results, collective_timeout_s))
                  for r in range(world)]
         for p in procs:
             p.start()
@@ -83,6 +97,8 @@ def spawn_ranks(fn: Callable, world: int, args: Sequence[Any] = (), *, timeout_s
                     if dead:
                         raise RuntimeError(f"a rank died with exit code {dead[0]}") from None
                     continue
+                if status == "refused":
+                    raise rebuild(*payload) from None
                 if status != "ok":
                     raise RuntimeError(f"rank {rank} failed:\n{payload}")
                 done[rank] = payload
@@ -115,4 +131,5 @@ def launch_local(recipe: TrainingRecipe, nprocs: int | None = None, *, timeout_s
         from nemo_muon.train.loop import train
 
         return train(recipe, group=None, **kwargs)
-    return spawn_ranks(_train_rank, world, (recipe, kwargs), timeout_s=timeout_s)[0]
+    return spawn_ranks(_train_rank, world, (recipe, kwargs), timeout_s=timeout_s,
+                       collective_timeout_s=recipe.system.collective_timeout)[0]

@@ -72,6 +72,19 @@ def test_our_factory_keeps_our_override_errors_and_stack_refusals(nemo_cli):
     assert "[mcore016-muon-emerging-optimizers]" in own.output and "fix: use optimizer.engine=nemo_muon" in own.output
 
 
+def test_our_factory_refuses_secret_overrides_with_nemo_muon_launchs_message(nemo_cli):
+    from nemo_muon.launchers.secrets import override_refusal
+
+    secret = "hf_" + "Sx9" * 12
+    for args, key in [(["env.HF_TOKEN=" + secret, "--dryrun"], "env.HF_TOKEN"),
+                      (["run.executor=local", "env.WANDB_API_KEY=" + secret], "env.WANDB_API_KEY")]:
+        out = nemo_cli("llm", "pretrain", "--factory", "tiny_kimi_k2_muon", *args, "--yes")
+        assert out.exit_code == 1 and override_refusal(key) in " ".join(out.output.split()), out.output[-3000:]
+        assert secret not in out.output
+    home = Path(os.environ["NEMORUN_HOME"])
+    assert not [p for p in home.rglob("*") if p.is_file() and secret in p.read_text(errors="ignore")]
+
+
 def test_nemos_factory_still_prints_nemos_recipe(nemo_cli):
     out = nemo_cli("llm", "pretrain", "--factory", "llama3_8b", "--dryrun", "--yes")
     assert out.exit_code == 0, out.output[-3000:]
@@ -104,7 +117,8 @@ def test_tiny_recipe_trains_through_the_local_executor_without_an_activated_venv
     env.pop("VIRTUAL_ENV", None)
     proc = subprocess.run(
         [str(VENV_BIN / "nemo"), "llm", "pretrain", "--factory", "tiny_kimi_k2_muon", "run.executor=local",
-         "trainer.max_steps=2", "trainer.global_batch_size=4", "trainer.micro_batch_size=2", "trainer.seq_length=32",
+         "trainer.max_steps=2", "scheduler.warmup_steps=1", "trainer.global_batch_size=4",
+         "trainer.micro_batch_size=2", "trainer.seq_length=32",
          "trainer.eval_interval=0", "data.kind=mock", f"logging.root={runs}", "--yes"],
         env=env, capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -1,0 +1,66 @@
+"""What the megatron backend refuses, checked when a recipe is built (``--dryrun``, plan, launch, the job): torch-free.
+
+Every rule here is one the backend would hit later, inside the container: Bridge has a library recipe for the model
+and a preset for the precision (`bridge._check_supported`); its provider, not our `ModelSpec`, sets the
+architecture, so a changed ``model.*`` would be ignored silently; MXFP8 needs a Blackwell GPU; Bridge reads mock or
+indexed data; the optimizer maps onto the target Megatron-Core's `OptimizerConfig` (`megatron_optimizer_spec` with
+that generation's field names: whatever the mapping refuses, split gate/up or ``tp_mode='auto'``, is refused here); the
+stack can build the optimizer (`stack.check_recipe_stack`); Bridge's timeout is in whole minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.models.specs import MODEL_SPECS
+
+MXFP8_GPUS: tuple[str, ...] = ("gb300", "gb200", "b200")
+"""GPUs with MXFP8 tensor cores (Blackwell, SM 10.x); Transformer Engine refuses the MXFP8 recipe elsewhere."""
+BRIDGE_DATA_KINDS: tuple[str, ...] = ("mock", "indexed")
+"""Data the Bridge path reads (mock tokens, a Megatron indexed dataset); stdlib_text is the torch backend's."""
+
+
+def _check_architecture(recipe: TrainingRecipe) -> None:
+    shipped = MODEL_SPECS.get(recipe.model.name)
+    if shipped is None:
+        return  # bridge._check_supported names the models it has a recipe for
+    changed = [f.name for f in dataclasses.fields(shipped) if getattr(shipped, f.name) != getattr(recipe.model, f.name)]
+    if changed:
+        shown = ", ".join(f"{n}={getattr(recipe.model, n)!r}" for n in changed)
+        raise ValueError(f"model.{changed[0]} must stay {getattr(shipped, changed[0])!r} for the megatron backend "
+                         f"(Bridge's {recipe.model.name} provider sets the architecture, so a change would be ignored);"
+                         f" got {shown}")
+
+
+def check_megatron_recipe(recipe: TrainingRecipe) -> None:
+    """Raise a ValueError naming the field, the value and what is allowed for anything the megatron backend refuses."""
+    from nemo_muon.megatron.bridge import bridge_field_overrides, bridge_optimizer_spec, bridge_recipe_kwargs
+    from nemo_muon.megatron.optimizer_config import API_FIELDS, api_for_version
+    from nemo_muon.megatron.stack import MCORE, check_recipe_stack, target_stack
+    from nemo_muon.recipes.systems import BRIDGE_PERF_LAYOUTS
+
+    sys_ = recipe.system
+    if sys_.gpu == "cpu":
+        raise ValueError("system.gpu must be a GPU for the megatron backend (Megatron-Bridge trains on GPUs); got "
+                         "'cpu': set backend=torch for CPU runs")
+    bridge_recipe_kwargs(recipe)  # model with a Bridge library recipe, precision with a Bridge preset
+    _check_architecture(recipe)
+    if recipe.precision.kind == "mxfp8" and sys_.gpu not in MXFP8_GPUS:
+        raise ValueError(f"precision.kind='mxfp8' needs system.gpu to be one of {MXFP8_GPUS} (Blackwell); got "
+                         f"{sys_.gpu!r}: use precision.kind=fp8_cs or bf16")
+    if recipe.data.kind not in BRIDGE_DATA_KINDS:
+        raise ValueError(f"data.kind must be one of {BRIDGE_DATA_KINDS} for the megatron backend; got "
+                         f"{recipe.data.kind!r}")
+    timeout = sys_.collective_timeout
+    if timeout % 60:
+        raise ValueError(f"system.collective_timeout_s must be a whole number of minutes for the megatron backend "
+                         f"(Bridge's dist.distributed_timeout_minutes); got {sys_.collective_timeout_s!r}")
+    check_recipe_stack(recipe)
+    versions, where = target_stack()
+    api = api_for_version(versions[MCORE] or "0.16")
+    try:
+        bridge_optimizer_spec(recipe, fields=set(API_FIELDS[api]))
+    except ValueError as e:
+        raise ValueError(f"{e} (Megatron-Core {versions[MCORE]}, {where})") from None
+    bridge_field_overrides(recipe, bridge_knobs=BRIDGE_PERF_LAYOUTS.get((recipe.model.name, sys_.gpu)))
