@@ -80,13 +80,21 @@ def test_soap_precondition_frequency_refused_where_installed_soap_ignores_it():
         (MuonConfig(tp_mode="auto", **MEGATRON_MUON), r"muon\.tp_mode .*'duplicated'.*got 'auto'"),
         (MuonConfig(split_gate_up=True, nonfinite="raise"), r"muon\.split_gate_up=True"),
         (MuonConfig(adamw_lr=1e-3, **MEGATRON_MUON), r"muon\.adamw_lr=0\.001"),
-        (MuonConfig(split_gate_up=False), r"muon\.nonfinite='skip'"),
+        (MuonConfig(split_gate_up=False, engine="megatron"), r"muon\.nonfinite='skip'.*engine='nemo_muon'"),
         (SoapConfig(eps=1e-6, nonfinite="raise", engine="megatron"), r"soap\.eps=1e-06"),
     ],
 )
 def test_unhonourable_settings_are_refused(opt, match):
     with pytest.raises(ValueError, match=match):
         to_megatron_optimizer_config(opt)
+
+
+def test_nonfinite_skip_maps_for_our_engine_only():
+    """Engine 'nemo_muon' skips a non-finite step on every rank (`nemo_muon.megatron.nonfinite`); Megatron's own
+    Muon has no skip-step in bf16, so there the policy is refused above."""
+    skip, _ = to_megatron_optimizer_config(MuonConfig(split_gate_up=False, nonfinite="skip"))
+    raise_, _ = to_megatron_optimizer_config(MuonConfig(split_gate_up=False, nonfinite="raise"))
+    assert vars(skip) == vars(raise_)  # the policy is ours, outside Megatron's config
 
 
 # ---------------------------------------------------------------- NeMo 2 one-line switch

@@ -5,7 +5,9 @@ the orthogonalized update; everything else -> Megatron's Adam), its param groups
 flags), `Float16OptimizerWithFloat16Params` (fp32 master weights of the bf16 model), `LayerWiseDistributedOptimizer`
 (whole matrices per data-parallel rank, gradient-norm / zero-count reduction, the param all-gather, checkpoints) and
 its Adam for the rest. What is ours: the matrix update, `MegatronMuon` = `nemo_muon.Muon` (our Newton–Schulz, TP
-modes over Megatron's tensor-parallel group, fused-weight splitting by parameter name).
+modes over Megatron's tensor-parallel group, fused-weight splitting by parameter name) and `MegatronSoap`; on 0.16
+the ownership by update cost (`nemo_muon.megatron.ownership`); on both the step-level non-finite policy
+(`nemo_muon.megatron.nonfinite`).
 
 How it is plugged in, per generation (the narrowest hook each allows):
 
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 
 from nemo_muon.config.optimizer import OptimizerConfig, SoapConfig
+from nemo_muon.megatron.nonfinite import apply_nonfinite_policy
 from nemo_muon.optim.muon import Muon, tp_partition_dim
 from nemo_muon.optim.routing import MATRIX, QKVLayout
 from nemo_muon.optim.soap import SOAP, init_soap_state
@@ -39,6 +42,8 @@ REGISTERED_NAME = "nemo_muon"
 """The optimizer name Megatron-Core >= 0.18 knows our Muon by (``OptimizerConfig.optimizer``)."""
 REGISTERED_SOAP_NAME = "nemo_soap"
 """... and our SOAP."""
+OWNERSHIPS = ("ns_cost", "megatron")
+"""Who owns which matrix on Megatron-Core 0.16 (`build_layer_wise_016`): LPT on the update cost, or Megatron's own."""
 NS_PRECISION_FROM_MCORE: dict[str, str] = {"highest": "fp32", "high": "fp32", "medium": "bf16"}
 
 
@@ -224,14 +229,18 @@ def register_with_megatron() -> None:
 
 
 def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: Any,
-                         config_overrides: Any = None, ours: OptimizerConfig | None = None) -> Any:
+                         config_overrides: Any = None, ours: OptimizerConfig | None = None,
+                         ownership: str = "ns_cost") -> Any:
     """Megatron-Core 0.16: our Muon for the 2-D non-embedding weights, Megatron's Adam for the rest, both inside
     Megatron's `LayerWiseDistributedOptimizer` (the assembly `get_megatron_muon_optimizer` does, with our class).
     ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), applied to both parts.
     ``ours``: our optimizer config; a `SoapConfig` builds our SOAP (its fields are not in 0.16's config), anything
-    else our Muon (from the Megatron config's muon_* fields)."""
+    else our Muon (from the Megatron config's muon_* fields). ``ownership``: 'ns_cost' (LPT on the update cost,
+    `nemo_muon.megatron.ownership`) or 'megatron' (Megatron's numel ping-pong, for comparison)."""
     from megatron.core.optimizer import _get_param_groups, get_megatron_optimizer
     from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
+
+    from nemo_muon.megatron.ownership import ns_balanced_class
 
     if config.use_distributed_optimizer or config.fp16:
         raise ValueError("the layer-wise optimizer needs use_distributed_optimizer=False and fp16=False; got "
@@ -266,9 +275,12 @@ def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: An
             p.requires_grad_(True)
     optimizers = [matrix_opt, *adam.chained_optimizers]
     init_fns = [init_matrix_state] + [_init_adam_state] * len(adam.chained_optimizers)
-    layer_wise = LayerWiseDistributedOptimizer(optimizers, config, pg_collection, init_state_fn_list=init_fns)
+    if ownership not in OWNERSHIPS:
+        raise ValueError(f"ownership must be one of {OWNERSHIPS}; got {ownership!r}")
+    cls = ns_balanced_class() if ownership == "ns_cost" else LayerWiseDistributedOptimizer
+    layer_wise = cls(optimizers, config, pg_collection, init_state_fn_list=init_fns)
     rekey_after_wrapping(layer_wise)
-    return layer_wise
+    return apply_nonfinite_policy(layer_wise, nonfinite_policy(ours))
 
 
 def _init_adam_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
@@ -293,4 +305,10 @@ def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: An
                                        use_gloo_process_groups=False)
     if not rekey_after_wrapping(optimizer):
         raise RuntimeError(f"Megatron-Core built none of our optimizers for optimizer={config.optimizer!r}")
-    return optimizer
+    return apply_nonfinite_policy(optimizer, nonfinite_policy(ours))
+
+
+def nonfinite_policy(ours: OptimizerConfig | None) -> str:
+    """The step-level non-finite policy of our config (`nemo_muon.megatron.nonfinite`); 'raise' without one. Our
+    matrix optimizer itself keeps ``nonfinite='raise'``: the step-level policy decides first, on every rank alike."""
+    return getattr(ours, "nonfinite", "raise")

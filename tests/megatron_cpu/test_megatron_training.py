@@ -13,17 +13,24 @@ import numpy as np
 import pytest
 from packaging.version import Version
 
+from nemo_muon.layerwise.plan import lpt_assign
 from nemo_muon.megatron.stack import installed_versions, problems_for_optimizer
 from tests.distributed import run_distributed
 from tests.megatron_cpu.training import (
     LR,
     attempt_resumes,
+    expert_parallel_training,
     lockstep_engines,
+    muon_tensor_parallel_against_single_process,
+    nonfinite_gradient_on_one_rank,
+    ownership_loads,
     soap_against_single_process_reference,
     train_tiny,
 )
 
 MCORE = importlib.metadata.version("megatron-core")
+LAYER_WISE_CLASSES = {"LayerWiseDistributedOptimizer", "NsBalancedLayerWiseOptimizer"}
+"""Megatron's layer-wise optimizer, or (engine nemo_muon on 0.16) its subclass that owns matrices by update cost."""
 STEPS = 12
 
 
@@ -42,8 +49,8 @@ def test_tiny_model_trains_through_megatron(spec, optimizer):
     assert last < first - 0.5, f"loss did not fall on megatron-core {MCORE}: {losses}"
     assert result["replica_max_diff"] == 0.0  # both DP ranks hold the same parameters after every update
     # Muon / SOAP: whole matrices per DP rank (layer-wise) beside Adam for the rest; AdamW: ZeRO-1 sharded state
-    expected = "DistributedOptimizer" if optimizer == "adamw" else "LayerWiseDistributedOptimizer"
-    assert expected in result["optimizers"], result["optimizers"]
+    expected = {"DistributedOptimizer"} if optimizer == "adamw" else LAYER_WISE_CLASSES
+    assert expected & set(result["optimizers"]), result["optimizers"]
     if optimizer != "adamw":  # the default engine: nemo-muon's optimizer updates the matrices, on both generations
         ours = {"muon": "MegatronMuon", "soap": "MegatronSoap"}[optimizer]
         assert ours in result["optimizers"], result["optimizers"]
@@ -181,3 +188,85 @@ def test_soap_inside_megatron_equals_single_process_soap_on_the_same_gradients()
         assert rank_result["owned"], "each DP rank owns some matrices"
         assert [s["max_abs_diff"] for s in rank_result["per_step"]] == [0.0] * 5, rank_result["per_step"]
         assert rank_result["per_step"][-1]["max_abs"] > rank_result["per_step"][0]["max_abs"]  # the weights moved
+
+
+@pytest.mark.parametrize("optimizer, policy", [("muon", "skip"), ("soap", "raise")])
+def test_a_nan_gradient_on_one_rank_skips_or_stops_the_step_on_every_rank(optimizer, policy):
+    """One DP rank alone puts a NaN into a gradient of a matrix it owns at step 2. The global gradient norm (all-
+    reduced by the layer-wise optimizer) is NaN on every rank, so every rank takes the same decision: 'skip' returns
+    update_successful=False with every weight, master and optimizer state untouched and training goes on in
+    lockstep; 'raise' raises on every rank before anything changes. (Megatron's own bf16 path has no skip-step.)"""
+    results = run_distributed(nonfinite_gradient_on_one_rank, world_size=2, args=("tiny_kimi_k2", optimizer, policy),
+                              timeout_s=300)
+    assert [r["faulty"] for r in results] == [False, True]
+    for r in results:
+        first, second = r["steps"][:2]
+        assert first["ok"] and not first["untouched"]
+        if policy == "skip":
+            assert not second["ok"] and second["untouched"] and second["grad_norm"] != second["grad_norm"]  # NaN
+            assert r["steps"][2]["ok"] and r["skipped"] == 1
+        else:
+            assert len(r["steps"]) == 2 and "global gradient norm is nan" in second["error"]
+    assert results[0]["replica_max_diff"] == 0.0
+
+
+@pytest.mark.parametrize("tp_mode", ["duplicated", "distributed"])
+def test_muon_at_tp2_inside_megatron_equals_tp1_on_the_same_gradients(tp_mode):
+    """TP=2 (the dense variant of tiny Qwen3: GQA, gated MLP; MoE under TP needs sequence parallelism, which the
+    local spec's norms lack): every master shard after each of 3 steps equals the matching slice of a single-process
+    Muon over the full matrices fed the gathered gradients. 'duplicated' gathers and orthogonalizes the full matrix
+    in the reference's order (bit-identical); 'distributed' all-reduces the Gram products of the shards (another
+    summation order: measured <= 1.6e-7 = 1.6e-5 x lr), within the engines' tolerance."""
+    for rank_result in run_distributed(muon_tensor_parallel_against_single_process, world_size=2,
+                                       args=("tiny_qwen3_moe", tp_mode, 3), timeout_s=300):
+        assert rank_result["tp_mode"] == tp_mode
+        assert len(rank_result["sharded"]) == len(rank_result["owned"]) > 0  # every matrix is TP-sharded
+        for step, figures in enumerate(rank_result["per_step"]):
+            assert figures["max_abs_diff"] <= MASTER_TOLERANCE, (step, figures)
+            if tp_mode == "duplicated":
+                assert figures["max_abs_diff"] == 0.0, (step, figures)
+
+
+def test_experts_are_owned_and_shared_within_their_expert_data_parallel_group():
+    """4 ranks, expert parallelism 2 (expert-DP 2, dense DP 4), tiny Qwen3-MoE: each expert matrix is owned by exactly
+    one rank of its expert-DP group (the two owners' shares cover all the group's experts), the updated experts are
+    identical within the group and differ across expert-parallel ranks (other experts), and the dense weights are
+    identical on all four ranks."""
+    results = run_distributed(expert_parallel_training, world_size=4, args=("tiny_qwen3_moe", 2, 2), timeout_s=400)
+    assert {r["expt_dp_size"] for r in results} == {2}
+    for ep_rank in (0, 1):
+        members = [r for r in results if r["ep_rank"] == ep_rank]
+        assert sorted(r["expt_dp_rank"] for r in members) == [0, 1]
+        owned = [{n for n in r["owned"] if ".experts." in n} for r in members]
+        assert owned[0] and owned[1] and not owned[0] & owned[1]
+        assert owned[0] | owned[1] == set(members[0]["experts"])
+    for r in results:
+        assert r["experts_agree_in_expert_dp_group"] and r["experts_differ_across_ep"] and r["dense_agree"]
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "soap"])
+def test_matrices_are_owned_by_update_cost_inside_megatron_016(optimizer):
+    """Megatron-Core 0.16 (NGC 26.02): engine nemo_muon's layer-wise optimizer owns the matrices by LPT on their
+    update cost (`nemo_muon.megatron.ownership`), the plan our torch engine uses, instead of Megatron's numel
+    ping-pong; the per-rank cost is what LPT computes from the matrices' costs and no worse than ping-pong's. On 0.18+
+    ownership comes from the parameter layout DDP computes before the optimizer exists: Megatron's, kept."""
+    if Version(MCORE) >= Version("0.18"):
+        result = run_distributed(train_tiny, world_size=2, args=("tiny_kimi_k2", optimizer, 1), timeout_s=300)[0]
+        assert "LayerWiseDistributedOptimizer" in result["optimizers"]
+        assert "NsBalancedLayerWiseOptimizer" not in result["optimizers"]
+        return
+    ranks = run_distributed(ownership_loads, world_size=2, args=("tiny_kimi_k2", optimizer), timeout_s=300)
+    ours, theirs = ([r[k] for r in ranks] for k in ("ns_cost", "megatron"))
+    assert ours[0]["class"] == "NsBalancedLayerWiseOptimizer" and theirs[0]["class"] == "LayerWiseDistributedOptimizer"
+    costs = ours[0]["costs"]
+    names = sorted(costs)
+    plan = lpt_assign([costs[n] for n in names], 2)
+    planned = sorted(sum(costs[n] for n, owner in zip(names, plan, strict=True) if owner == b) for b in (0, 1))
+    assert sorted(r["load"] for r in ours) == pytest.approx(planned)  # same loads (ties may swap equal matrices)
+    assert sorted(ours[0]["owned"] + ours[1]["owned"]) == names == sorted(theirs[0]["owned"] + theirs[1]["owned"])
+
+    def imbalance(per_rank):
+        loads = [r["load"] for r in per_rank]
+        return max(loads) / (sum(loads) / len(loads))
+
+    assert imbalance(ours) <= imbalance(theirs), (imbalance(ours), imbalance(theirs))

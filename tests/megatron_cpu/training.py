@@ -29,7 +29,13 @@ CPU_KERNEL_FIELDS: dict[str, Any] = {
 }
 
 
-def _model(spec_name: str):
+DENSE_DROPS = ("num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_aux_loss_coeff", "moe_layer_freq",
+               "moe_shared_expert_intermediate_size")
+"""MoE fields dropped for the dense variant of a tiny model (``dense=True``): Megatron requires sequence
+parallelism for MoE under tensor parallelism, which the local spec's torch norms do not support."""
+
+
+def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1):
     import torch
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -44,8 +50,13 @@ def _model(spec_name: str):
     cls = getattr(tc, config_class(spec))
     names = {f.name for f in dataclasses.fields(cls)}
     arch = transformer_config_fields(spec)
+    if dense:
+        arch = {k: v for k, v in arch.items() if k not in DENSE_DROPS and not k.startswith("moe_")}
+    parallel = {"tensor_model_parallel_size": tp} if tp > 1 else {}
+    if ep > 1:
+        parallel["expert_model_parallel_size"] = ep
     config = cls(**{k: v for k, v in arch.items() if k in names}, **CPU_KERNEL_FIELDS, use_cpu_initialization=True,
-                 bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
+                 bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, **parallel)
     gpt_args = {k: v for k, v in arch.items() if k not in names}  # e.g. rotary_base: a GPTModel argument
     block_spec = with_cpu_mla_attention(get_gpt_decoder_block_spec(config, use_transformer_engine=False))
     model = GPTModel(config=config, transformer_layer_spec=block_spec, max_sequence_length=SEQ, **model_fields(spec),
@@ -85,7 +96,8 @@ def _batch(step: int, dp_rank: int, vocab: int):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon", grad_reduce_in_fp32: bool = False):
+def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon", grad_reduce_in_fp32: bool = False,
+                  nonfinite: str = "raise", tp: int = 1, dense: bool = False, ep: int = 1):
     """(model, its config, model spec, optimizer config, DDP-wrapped model with params broadcast) from the fixed
     seed: every replica and every run starts from the same weights. ``grad_reduce_in_fp32``: DDP's fp32 gradient
     buffer (the product's default is bf16 reductions)."""
@@ -94,8 +106,8 @@ def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon"
 
     model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
     torch.manual_seed(SEED)
-    model, config, spec = _model(spec_name)
-    opt = _optimizer_config(optimizer_name, engine)
+    model, config, spec = _model(spec_name, tp, dense, ep)
+    opt = _optimizer_config(optimizer_name, engine, nonfinite)
     ddp_model = _ddp(model, config, opt, optimizer_name != "adamw", grad_reduce_in_fp32)
     ddp_model.broadcast_params()
     return model, config, spec, opt, ddp_model
@@ -135,15 +147,15 @@ def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int,
     return torch.stack([o["lm loss"] for o in out]).mean()
 
 
-def _optimizer_config(name: str, engine: str = "nemo_muon"):
+def _optimizer_config(name: str, engine: str = "nemo_muon", nonfinite: str = "raise"):
     from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
     from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
 
     if name == "adamw":
         return AdamWConfig(lr=LR, weight_decay=0.0)
     if name == "soap":
-        return SoapConfig(lr=LR, weight_decay=0.0, engine=engine, nonfinite="raise")
-    return MuonConfig(lr=LR, weight_decay=0.0, engine=engine, **MEGATRON_MUON_DEFAULTS)
+        return SoapConfig(lr=LR, weight_decay=0.0, engine=engine, nonfinite=nonfinite)
+    return MuonConfig(lr=LR, weight_decay=0.0, engine=engine, **{**MEGATRON_MUON_DEFAULTS, "nonfinite": nonfinite})
 
 
 def _optimizer_classes(optimizer) -> list[str]:
@@ -374,6 +386,227 @@ def soap_against_single_process_reference(rank: int, world_size: int, group: Any
                 scale = max(float(c.abs().max()) for c in copies)
             per_step.append({"max_abs_diff": diff, "max_abs": scale})
         return {"per_step": per_step, "owned": owned, "optimizers": _optimizer_classes(optimizer)}
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def muon_tensor_parallel_against_single_process(rank: int, world_size: int, group: Any, spec_name: str,
+                                                tp_mode: str, steps: int) -> dict[str, Any]:
+    """Our Muon (engine nemo_muon) inside Megatron's layer-wise optimizer at TP=2 (DP=1; the dense variant of the
+    tiny model) in TP mode ``tp_mode``, beside a single-process (TP=1) `MegatronMuon` over the full matrices: each
+    step the reference gets the TP shards of every reduced, clipped gradient gathered along Megatron's partition dim,
+    and the rank's fp32 master shards are compared with the reference's matching slices. (Gathered column-parallel
+    shards of a gated fc1 are [gate_0; up_0; gate_1; up_1], a row permutation of TP=1's [gate; up]; Muon commutes
+    with row permutations, QKV shards hold whole query groups in order.) Returns per step the largest |difference|
+    and the largest |value|."""
+    import torch
+
+    from tests.megatron_cpu import shims
+
+    shims.install()
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    from nemo_muon.config.optimizer import MuonConfig
+    from nemo_muon.megatron.build import build_megatron_optimizer
+    from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
+    from nemo_muon.megatron.registration import MegatronMuon, fused_layouts, muon_kwargs_from_megatron
+    from nemo_muon.optim.muon import tp_partition_dim
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
+    try:
+        _, config, spec, _, ddp_model = _seeded_model(spec_name, "muon", tp=world_size, dense=True)
+        opt = MuonConfig(lr=LR, weight_decay=0.0, tp_mode=tp_mode, **MEGATRON_MUON_DEFAULTS)
+        pgs = _pg_collection()
+        optimizer, optimizer_config = build_megatron_optimizer(opt, [ddp_model], pg_collection=pgs)
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = ddp_model.no_sync
+        tp_group, tp_rank = pgs.tp, dist.get_rank(pgs.tp)
+        params = dict(ddp_model.module.named_parameters())
+        masters = _matrix_masters(optimizer, {id(p): n for n, p in params.items()})
+        owned = sorted(masters)
+        dims = {n: tp_partition_dim(params[n]) for n in owned}
+
+        def full(name: str, shard) -> Any:
+            if dims[name] is None:
+                return shard.detach().float().clone()
+            parts = [torch.zeros_like(shard, dtype=torch.float32) for _ in range(world_size)]
+            dist.all_gather(parts, shard.detach().float().contiguous(), group=tp_group)
+            return torch.cat(parts, dim=dims[name])
+
+        def my_slice(name: str, whole) -> Any:
+            dim = dims[name]
+            return whole if dim is None else whole.chunk(world_size, dim=dim)[tp_rank]
+
+        copies = [full(n, masters[n][0]) for n in owned]
+        kwargs = muon_kwargs_from_megatron(optimizer_config, [ddp_model], pgs)
+        kwargs.update(tp_group=None, fused_layouts=fused_layouts(config, 1),
+                      param_names={id(c): n for n, c in zip(owned, copies, strict=True)})
+        reference = MegatronMuon([{"params": copies}], **kwargs)
+        per_step = []
+        for step in range(steps):
+            _forward_backward(ddp_model, optimizer, step, 0, spec.vocab_size, GLOBAL_MICRO_BATCHES)
+            for name, copy in zip(owned, copies, strict=True):
+                copy.grad = full(name, params[name].main_grad)
+            ok, grad_norm, _ = optimizer.step()
+            if not ok:
+                raise RuntimeError(f"optimizer step {step} was skipped")
+            clip = optimizer_config.clip_grad / (grad_norm + 1.0e-6)
+            if clip < 1.0:
+                for copy in copies:
+                    copy.grad.mul_(clip)
+            reference.step()
+            with torch.no_grad():
+                diff = max(float((masters[n][0] - my_slice(n, c)).abs().max()) for n, c in zip(owned, copies,
+                                                                                               strict=True))
+                scale = max(float(c.abs().max()) for c in copies)
+            per_step.append({"max_abs_diff": diff, "max_abs": scale})
+        return {"per_step": per_step, "owned": owned, "sharded": sorted(n for n in owned if dims[n] is not None),
+                "tp_mode": masters[owned[0]][1].tp_mode if hasattr(masters[owned[0]][1], "tp_mode") else None}
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def expert_parallel_training(rank: int, world_size: int, group: Any, spec_name: str, ep: int,
+                             steps: int) -> dict[str, Any]:
+    """``steps`` steps of engine nemo_muon on tiny ``spec_name`` with expert parallelism ``ep`` (expert-DP =
+    world / ep). Returns this rank's EP and expert-DP ranks, the matrices it owns, and whether after training the
+    expert weights agree within each expert-DP group (and differ across EP ranks, which hold other experts) and the
+    dense weights agree across all ranks."""
+    import torch
+
+    from tests.megatron_cpu import shims
+
+    shims.install()
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    from nemo_muon.megatron.build import build_megatron_optimizer
+
+    parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
+    try:
+        _, config, spec, opt, ddp_model = _seeded_model(spec_name, "muon", ep=ep)
+        pgs = _pg_collection()
+        optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=pgs)
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = ddp_model.no_sync
+        dp_rank, dp = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+        for step in range(steps):
+            _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size, max(1, GLOBAL_MICRO_BATCHES // dp))
+            ok, _, _ = optimizer.step()
+            if not ok:
+                raise RuntimeError(f"optimizer step {step} was skipped")
+        named = list(ddp_model.module.named_parameters())
+        owned = sorted(_matrix_masters(optimizer, {id(p): n for n, p in named}))
+
+        def gathered(tensors):
+            flat = torch.cat([t.detach().float().reshape(-1) for t in tensors])
+            everyone = [torch.zeros_like(flat) for _ in range(world_size)]
+            dist.all_gather(everyone, flat, group=group)
+            return everyone
+
+        ep_rank = parallel_state.get_expert_model_parallel_rank()
+        expt_dp_rank = dist.get_rank(pgs.expt_dp)
+        ranks = [None] * world_size
+        dist.all_gather_object(ranks, (ep_rank, expt_dp_rank), group=group)
+        experts = gathered([p for n, p in named if ".experts." in n])
+        dense = gathered([p for n, p in named if ".experts." not in n])
+        same_ep = [r for r in range(world_size) if ranks[r][0] == ep_rank]
+        other_ep = [r for r in range(world_size) if ranks[r][0] != ep_rank]
+        return {"ep_rank": ep_rank, "expt_dp_rank": expt_dp_rank, "expt_dp_size": dist.get_world_size(pgs.expt_dp),
+                "owned": owned, "experts": sorted(n for n, _ in named if ".experts." in n and _.dim() == 2),
+                "experts_agree_in_expert_dp_group": all(torch.equal(experts[rank], experts[r]) for r in same_ep),
+                "experts_differ_across_ep": all(not torch.equal(experts[rank], experts[r]) for r in other_ep),
+                "dense_agree": all(torch.equal(dense[0], d) for d in dense)}
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def ownership_loads(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str) -> dict[str, Any]:
+    """Megatron-Core 0.16: build engine nemo_muon's layer-wise optimizer twice on the tiny model, with ownership by
+    update cost (ours, the default) and by Megatron's numel ping-pong, and return per ownership the update cost of
+    the matrices this rank owns, the names it owns, and every matrix's cost (for the plan the test recomputes)."""
+    from tests.megatron_cpu import shims
+
+    shims.install()
+    from megatron.core import parallel_state
+
+    from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
+    from nemo_muon.megatron.ownership import matrix_cost
+    from nemo_muon.megatron.registration import build_layer_wise_016
+
+    parallel_state.initialize_model_parallel()
+    try:
+        out: dict[str, Any] = {}
+        for ownership in ("ns_cost", "megatron"):
+            _, _, _, opt, ddp_model = _seeded_model(spec_name, optimizer_name)
+            megatron_config, _ = to_megatron_optimizer_config(opt)
+            optimizer = build_layer_wise_016(megatron_config, [ddp_model], _pg_collection(), ours=opt,
+                                             ownership=ownership)
+            params = dict(ddp_model.module.named_parameters())
+            masters = _matrix_masters(optimizer, {id(p): n for n, p in params.items()})
+            inner = next(iter(masters.values()))[1]
+            costs = {n: matrix_cost(inner, tuple(p.shape)) for n, p in params.items()
+                     if p.dim() == 2 and "embedding" not in n and "output_layer" not in n}
+            out[ownership] = {"owned": sorted(masters), "load": sum(costs[n] for n in masters), "costs": costs,
+                              "class": type(optimizer).__name__}
+        return out
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def nonfinite_gradient_on_one_rank(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str,
+                                   policy: str) -> dict[str, Any]:
+    """Three steps of engine 'nemo_muon' with ``optimizer.nonfinite=policy``; at the second, the last DP rank alone
+    puts a NaN into the reduced gradient of a matrix it owns (what a local fault would do). Reports per step whether
+    the update succeeded (or the error raised), whether that step left every weight, master and state tensor exactly
+    as before, and whether the DP replicas agree at the end."""
+    import torch
+
+    from tests.megatron_cpu import shims
+
+    shims.install()
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    from nemo_muon.megatron.build import build_megatron_optimizer
+
+    parallel_state.initialize_model_parallel()
+    try:
+        _, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name, nonfinite=policy)
+        optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection())
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = ddp_model.no_sync
+        params = dict(ddp_model.module.named_parameters())
+        names = {id(p): n for n, p in params.items()}
+        owned = sorted(_matrix_masters(optimizer, names))
+        dp_rank = parallel_state.get_data_parallel_rank()
+        faulty = dp_rank == parallel_state.get_data_parallel_world_size() - 1
+        steps: list[dict[str, Any]] = []
+        for step in range(3):
+            _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size)
+            if step == 1 and faulty:
+                params[owned[0]].main_grad.view(-1)[0] = float("nan")
+            before = _state_tensors(ddp_model, optimizer, names)
+            try:
+                ok, grad_norm, _ = optimizer.step()
+            except FloatingPointError as exc:
+                steps.append({"ok": None, "error": str(exc)})
+                break
+            after = _state_tensors(ddp_model, optimizer, names)
+            untouched = before.keys() == after.keys() and all(
+                torch.equal(_bits(before[k]), _bits(after[k])) for k in before)
+            steps.append({"ok": bool(ok), "grad_norm": None if grad_norm is None else float(grad_norm),
+                          "untouched": untouched})
+        flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
+        replicas = [torch.zeros_like(flat) for _ in range(world_size)]
+        dist.all_gather(replicas, flat, group=group)
+        return {"steps": steps, "faulty": faulty, "skipped": getattr(optimizer, "skipped_nonfinite_steps", None),
+                "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas),
+                "optimizers": _optimizer_classes(optimizer)}
     finally:
         parallel_state.destroy_model_parallel()
 
