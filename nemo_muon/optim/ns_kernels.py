@@ -96,29 +96,46 @@ def gram_small_dtype(compute_dtype: torch.dtype, device: torch.device) -> torch.
 
 SYRK_CAPABILITIES = ((8, 0), (9, 0), (10, 0), (10, 3))
 """GPU architectures emerging-optimizers validates its Triton SYRK kernel on (A100, H100/H200, B200/GB200, B300/GB300)."""
+SYRK_ALIGNMENT = 8
+"""``tsyrk_ex`` reads and writes through TMA tensor descriptors, whose strides must be 16-byte aligned: both dimensions
+of the bf16 input (and so of the Gram matrix) must be multiples of 8 elements."""
 _syrk_notes: set[str] = set()
+
+
+def syrk_refusal(shape: Sequence[int], *, capability: tuple[int, int] | None, has_triton_340: bool) -> str | None:
+    """Why the SYRK kernel cannot run a bf16 CUDA matrix of ``shape`` on a GPU of ``capability`` (None: it can).
+
+    Pure (no GPU needed): checked in this order: 2-D, both dimensions multiples of ``SYRK_ALIGNMENT``, a validated
+    architecture, triton >= 3.4."""
+    if len(shape) != 2:
+        return "batched (3-D) input"
+    if any(d % SYRK_ALIGNMENT for d in shape):
+        return f"shape {tuple(shape)} not a multiple of {SYRK_ALIGNMENT} in both dimensions"
+    if capability not in SYRK_CAPABILITIES:
+        return f"GPU capability {capability} not in {SYRK_CAPABILITIES}"
+    if not has_triton_340:
+        return "triton < 3.4"
+    return None
 
 
 def syrk_kernel(x: torch.Tensor) -> Callable[..., torch.Tensor] | None:
     """emerging-optimizers' Triton ``tsyrk_ex`` (alpha·A·Aᵀ + beta·C, half the FLOPs of a GEMM) when it applies to ``x``:
-    a 2-D bf16 CUDA tensor on a validated architecture with triton >= 3.4. Otherwise None (plain matmul); on a CUDA
-    bf16 input that cannot use it, the reason is logged once."""
+    a 2-D bf16 CUDA tensor with both dimensions multiples of 8, on a validated architecture with triton >= 3.4
+    (``syrk_refusal``). Otherwise None (plain matmul); on a CUDA bf16 input that cannot use it, the reason is logged
+    once."""
     if x.device.type != "cuda" or x.dtype != torch.bfloat16:
         return None
-    reason = None
-    if x.ndim != 2:
-        reason = "batched (3-D) input"
-    elif torch.cuda.get_device_capability(x.device) not in SYRK_CAPABILITIES:
-        reason = f"GPU capability {torch.cuda.get_device_capability(x.device)} not in {SYRK_CAPABILITIES}"
-    else:
-        from emerging_optimizers import triton_kernels
-
-        if not getattr(triton_kernels, "HAS_TRITON_340", False):
-            reason = "triton < 3.4"
-        else:
-            return triton_kernels.tsyrk_ex
-    if reason not in _syrk_notes:
-        _syrk_notes.add(reason)
+    capability = torch.cuda.get_device_capability(x.device)
+    kernels = None
+    if capability in SYRK_CAPABILITIES:
+        from emerging_optimizers import triton_kernels as kernels
+    reason = syrk_refusal(tuple(x.shape), capability=capability,
+                          has_triton_340=bool(getattr(kernels, "HAS_TRITON_340", False)))
+    if reason is None:
+        return kernels.tsyrk_ex
+    key = "unaligned" if "multiple" in reason else reason  # one note for all unaligned shapes
+    if key not in _syrk_notes:
+        _syrk_notes.add(key)
         logging.getLogger(__name__).info("newton_schulz: SYRK kernel not used (%s); plain GEMMs instead", reason)
     return None
 
