@@ -194,9 +194,9 @@ def _median(xs: list[float]) -> float:
 
 
 def plan_table() -> list[str]:
-    """NS max/mean per method from ``nemo_muon.layerwise.model_plan`` (the computation `nemo-muon plan` uses):
+    """NS max/mean per method from ``nemo_muon.accounting.model_ownership`` (the computation `nemo-muon plan` uses):
     gate/up fused as Megatron's Muon orthogonalizes it (the megatron recipes) and split (nemo_muon's Muon)."""
-    from nemo_muon.layerwise.model_plan import KIMI_K2_BRIDGE_LAYERS, compare_methods
+    from nemo_muon.accounting.model_ownership import KIMI_K2_BRIDGE_LAYERS, compare_methods
     from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
 
     rows = ["| model, layout | gate/up NS | method | within-stage max/mean | global max/mean | busiest GPU NS FLOP/step |",

@@ -25,9 +25,10 @@ import torch
 from emerging_optimizers.orthogonalized_optimizers.muon_utils import newton_schulz as eo_newton_schulz
 from torch.optim._muon import _zeropower_via_newtonschulz
 
+from nemo_muon.accounting.ns_choice import choose_algorithm
+from nemo_muon.accounting.ownership import ns_cost
 from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
-from nemo_muon.optim.newton_schulz import newton_schulz
-from nemo_muon.optim.ns_cost import choose_algorithm, ns_flops
+from nemo_muon.optim.ns_iteration import newton_schulz
 
 SIMPLE = (3.4445, -4.7750, 2.0315)
 STEPS = 5
@@ -115,8 +116,7 @@ def band(y: torch.Tensor) -> tuple[float, float]:
 
 
 def standard_flops(shape: tuple[int, ...]) -> float:
-    m, n = sorted(shape[-2:])
-    return (shape[0] if len(shape) == 3 else 1) * ns_flops(m, n, STEPS, "standard")
+    return ns_cost(shape, STEPS)  # a 3-D stack costs its batch times one matrix
 
 
 def run(scale: int, experts: int, reps: int) -> str:

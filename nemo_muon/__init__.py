@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Muon": "nemo_muon.optim.muon",
     "SOAP": "nemo_muon.optim.soap",
-    "newton_schulz": "nemo_muon.optim.newton_schulz",
+    "newton_schulz": "nemo_muon.optim.ns_iteration",
     "build_optimizer": "nemo_muon.optim.factory",
     "LayerWiseDistributedOptimizer": "nemo_muon.layerwise.optimizer",
     "pretrain": "nemo_muon.train.pretrain",

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from nemo_muon.layerwise.model_plan import KIMI_K2_BRIDGE_LAYERS, compare_methods, model_plan
-from nemo_muon.layerwise.plan import (
+from nemo_muon.accounting.model_ownership import KIMI_K2_BRIDGE_LAYERS, compare_methods, model_plan
+from nemo_muon.accounting.ownership import (
     PlanItem,
     lpt_assign,
     ns_cost,
@@ -116,7 +116,7 @@ def test_plan_starts_from_initial_flops_and_counts_them() -> None:
 
 _OWNERS_SCRIPT = (
     "import hashlib, json;"
-    "from nemo_muon.layerwise.model_plan import model_plan;"
+    "from nemo_muon.accounting.model_ownership import model_plan;"
     "from nemo_muon.models.specs import QWEN3_30B_A3B as s;"
     "p = model_plan(s, dp=8, ep=8);"
     "print(hashlib.sha256(json.dumps(p.stages[0].owners, sort_keys=True).encode()).hexdigest())"

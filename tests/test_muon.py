@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nemo_muon.optim.muon import Muon, muon_scale
-from nemo_muon.optim.newton_schulz import newton_schulz
+from nemo_muon.optim.ns_iteration import newton_schulz
 
 
 def _model() -> torch.nn.Module:

@@ -7,9 +7,10 @@ import pytest
 import torch
 from emerging_optimizers.orthogonalized_optimizers.muon_utils import newton_schulz as eo_newton_schulz
 
+from nemo_muon.accounting.ns_choice import TPCostModel, choose_algorithm, choose_tp_mode, tp_mode_costs
+from nemo_muon.accounting.ns_count import matrix_ns_flops
 from nemo_muon.optim.coefficients import coefficient_schedule
-from nemo_muon.optim.newton_schulz import newton_schulz
-from nemo_muon.optim.ns_cost import TPCostModel, choose_algorithm, choose_tp_mode, ns_flops, tp_mode_costs
+from nemo_muon.optim.ns_iteration import newton_schulz
 
 # Singular-value band after 5 steps on a random 64x256 Gaussian matrix (seed 0), measured once and documented in
 # docs/optimizers.md; the bands are the same for standard and Gram NS and for fp32 and bf16 (to ±0.01).
@@ -113,7 +114,8 @@ def test_cost_model_choices() -> None:
     assert choose_algorithm(100, 400) == "gram" and choose_algorithm(400, 100) == "gram"
     assert choose_algorithm(300, 400) == "standard"
     assert choose_algorithm(100, 400, "cuda", torch.bfloat16) == "standard"
-    assert ns_flops(10, 20, 5, "standard") == 5 * (4 * 100 * 20 + 2 * 1000)
+    assert matrix_ns_flops((10, 20), 5, algorithm="standard") == 5 * (4 * 100 * 20 + 2 * 1000)
+    assert matrix_ns_flops((20, 10), 5, algorithm="gram") == 4 * 100 * 20 + 2 * 1000 * (4 * 5 - 3)
     # shard on the short side: distributed is not an option
     assert set(tp_mode_costs((1024, 4096), -2, 4, 5)) == {"duplicated"}
     assert choose_tp_mode((1024, 4096), -2, 4, 5) == "duplicated"

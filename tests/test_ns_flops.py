@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_muon.accounting.ns_flops import matrix_ns_flops, ns_flops, ns_flops_per_tp_rank, tp_partition_dim
-from nemo_muon.layerwise.plan import ns_cost
+from nemo_muon.accounting.ns_count import matrix_ns_flops, ns_flops, ns_flops_per_tp_rank, spec_partition_dim
+from nemo_muon.accounting.ownership import ns_cost
 from nemo_muon.models.matrices import ParamInfo, matrix_params
 from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B, TINY_KIMI_K2, TINY_QWEN3_MOE
 
@@ -53,12 +53,12 @@ def test_distributed_and_blockwise_per_rank_counts():
 
 
 def test_partition_dims_follow_megatron_parallel_linears():
-    dims = {p.tensor_name.split(".")[-2]: tp_partition_dim(p) for p in matrix_params(TINY_KIMI_K2)
+    dims = {p.tensor_name.split(".")[-2]: spec_partition_dim(p) for p in matrix_params(TINY_KIMI_K2)
             if len(p.shape) == 2}
     assert dims["linear_fc1"] == dims["linear_q_up_proj"] == dims["linear_kv_up_proj"] == 0
     assert dims["linear_fc2"] == dims["linear_proj"] == 1
     assert dims["linear_q_down_proj"] is dims["router"] is None
-    assert tp_partition_dim(ParamInfo("decoder.final_layernorm.weight", (8,), "norm")) is None
+    assert spec_partition_dim(ParamInfo("decoder.final_layernorm.weight", (8,), "norm")) is None
 
 
 def test_experts_count_one_by_one_and_only_hidden_matrices_count():

@@ -21,7 +21,7 @@ def _shard(full: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
 
 
 def _ns_cases(rank: int, world: int, group) -> dict:
-    from nemo_muon.optim.newton_schulz import newton_schulz, newton_schulz_many
+    from nemo_muon.optim.ns_iteration import newton_schulz, newton_schulz_many
 
     out: dict = {}
     for label, shape in SHAPES.items():

@@ -14,7 +14,7 @@ from nemo_muon.accounting.gpu_peaks import (
     tflops_per_gpu,
     throughput,
 )
-from nemo_muon.accounting.ns_flops import matrix_ns_flops, ns_flops
+from nemo_muon.accounting.ns_count import matrix_ns_flops, ns_flops
 from nemo_muon.accounting.planner import plan_recipe
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig
 from nemo_muon.config.recipe import ParallelismConfig, SystemConfig, TrainerConfig, TrainingRecipe
@@ -157,7 +157,7 @@ def test_planner_ns_load_equals_the_layerwise_model_plan(recipe_name, layout):
     layers per PP rank (the dense layer 0 on PP rank 0), and both cost gate/up as the recipe does (fused)."""
     from nemo_muon.recipes import get_recipe
 
-    from nemo_muon.layerwise.model_plan import model_plan
+    from nemo_muon.accounting.model_ownership import model_plan
 
     recipe = get_recipe(recipe_name)
     opt = recipe.optimizer
@@ -181,7 +181,7 @@ def test_planner_ns_load_equals_the_layerwise_model_plan(recipe_name, layout):
 def test_split_gate_up_is_costed_per_part_but_owned_as_one_tensor():
     """Splitting gate/up changes what NS costs, not the ownership unit: a stored tensor has one owner."""
     from nemo_muon.accounting.layout import validate_layout
-    from nemo_muon.layerwise.model_plan import CostModel, stage_plan
+    from nemo_muon.accounting.model_ownership import CostModel, stage_plan
 
     r = tiny()
     layout = validate_layout(r)

@@ -16,7 +16,7 @@ import torch
 from emerging_optimizers import triton_kernels
 from emerging_optimizers.orthogonalized_optimizers.muon_utils import newton_schulz as eo_newton_schulz
 
-from nemo_muon.optim.newton_schulz import newton_schulz
+from nemo_muon.optim.ns_iteration import newton_schulz
 from nemo_muon.optim.ns_kernels import syrk_kernel
 
 SHAPES = {

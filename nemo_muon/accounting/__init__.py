@@ -1,4 +1,7 @@
-"""Torch-free accounting: model FLOPs, Newton–Schulz FLOPs, GPU peaks and MFU, layout validation, the planner.
+"""Torch-free cost models: model FLOPs, Newton–Schulz FLOPs (``ns_count``, the one NS FLOP formula) and the NS
+algorithm / TP-mode choice (``ns_choice``), GPU peaks and MFU, layout validation, layer-wise ownership
+(``ownership``: LPT and baselines; ``model_ownership``: per-stage plans of a ModelSpec) and the planner. The
+planner and the engines (``nemo_muon.optim``, ``nemo_muon.layerwise``, ``nemo_muon.megatron``) import them from here.
 
 Counting rules: docs/flops.md.
 """
@@ -16,7 +19,7 @@ from nemo_muon.accounting.gpu_peaks import (
 )
 from nemo_muon.accounting.layout import Layout, LayoutError, parse_pipeline_layout, validate_layout
 from nemo_muon.accounting.model_flops import ModelFlops, model_flops_per_step, model_flops_per_token
-from nemo_muon.accounting.ns_flops import NSFlops, matrix_ns_flops, ns_flops, ns_flops_per_tp_rank
+from nemo_muon.accounting.ns_count import NSFlops, matrix_ns_flops, ns_flops, ns_flops_per_tp_rank
 from nemo_muon.accounting.planner import plan_recipe
 
 __all__ = [

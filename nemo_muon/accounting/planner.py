@@ -6,7 +6,7 @@ Torch-free. What it models (docs/flops.md has the rules and the arithmetic):
   rank 0 and the final norm + head on the last rank.
 - The ranks of one pipeline stage are tp·cp·dp; rank r has TP rank r mod tp and DP·CP index r div tp, and for
   experts ETP rank r mod etp, EP rank (r div etp) mod ep, expert-DP index r div (etp·ep) (Megatron's order).
-- NS load per GPU and the layer-wise ownership come from ``nemo_muon.layerwise.model_plan.stage_plan`` (the one
+- NS load per GPU and the layer-wise ownership come from ``nemo_muon.accounting.model_ownership.stage_plan`` (the one
   place they are computed; ``model_plan`` / ``compare_methods`` use it too): whole stored tensors are the ownership
   unit, a fused gate/up or QKV tensor costs the NS of its parts when the optimizer splits it and of the fused
   matrix when not (the megatron recipes: ``split_gate_up=False``); routed experts stay on their EP rank (LPT over
@@ -25,19 +25,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nemo_muon.accounting.gpu_peaks import gpu_peak, known_gpus, peak_precision_of, throughput
 from nemo_muon.accounting.layout import Layout, validate_layout
 from nemo_muon.accounting.model_flops import model_flops_per_token
-from nemo_muon.accounting.ns_flops import matrix_ns_flops
+from nemo_muon.accounting.model_ownership import CostModel, StagePlan, StageTensor, stage_plan
+from nemo_muon.accounting.ns_count import matrix_ns_flops
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.matrices import is_moe_layer, layer_params, param_counts
 from nemo_muon.models.specs import ModelSpec
-
-if TYPE_CHECKING:  # imported in plan_recipe: nemo_muon.layerwise.model_plan imports nemo_muon.accounting
-    from nemo_muon.layerwise.model_plan import StagePlan, StageTensor
 
 COUNTING_RULE = (
     "model: Megatron num_floating_point_operations (6 FLOPs per weight per token, top-k routed experts, causal "
@@ -64,7 +62,7 @@ def _soap_elems(t: StageTensor) -> int:
 
 def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool) -> list[_Rank]:
     """Per-GPU NS load, held elements, owned matrix elements and AdamW share of one stage (``sp`` from
-    ``nemo_muon.layerwise.model_plan.stage_plan``, the one source of the ownership and of the NS load)."""
+    ``nemo_muon.accounting.model_ownership.stage_plan``, the one source of the ownership and of the NS load)."""
     tp, etp, ep, edp = layout.tp, layout.etp, layout.ep, layout.edp
     dpcp = layout.dp * layout.cp
     dense = [t for t in sp.tensors if t.ep_rank is None]
@@ -120,8 +118,6 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     is an explicit pipeline layout (see ``validate_layout``). Raises ``LayoutError`` (ValueError) naming the
     constraint when the layout is invalid.
     """
-    from nemo_muon.layerwise.model_plan import CostModel, stage_plan
-
     layout = validate_layout(recipe, world_size, stage_layers)
     spec, opt, tr = recipe.model, recipe.optimizer, recipe.trainer
     gpu = recipe.system.gpu if gpu is None else gpu
@@ -224,7 +220,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
 
 
 SPLIT_NOTE = (
-    "modelled, not executed (nemo_muon.layerwise.model_plan split_large): a matrix costing more than half a "
+    "modelled, not executed (nemo_muon.accounting.model_ownership split_large): a matrix costing more than half a "
     "stage's mean free NS load per DP rank is split into row blocks orthogonalized jointly by that many DP ranks "
     "(distributed NS); communication not counted; null without layer-wise Muon"
 )

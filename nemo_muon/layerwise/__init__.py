@@ -1,7 +1,8 @@
 """nemo_muon.layerwise: the layer-wise distributed optimizer (whole tensors per data-parallel rank).
 
-- ``plan`` (torch-free): NS/SOAP cost model, LPT ownership and the round-robin / ping-pong baselines.
-- ``model_plan`` (torch-free): ownership plans of a whole ModelSpec under PP/DP/EP (computed, not run).
+The ownership it runs is computed by the torch-free ``nemo_muon.accounting`` package (``ownership``: NS/SOAP cost,
+LPT and the round-robin / ping-pong baselines; ``model_ownership``: plans of a whole ModelSpec under PP/DP/EP).
+
 - ``optimizer``: ``LayerWiseDistributedOptimizer``; ``buckets``: its communication buckets.
 - ``checkpoint``: DP-size-independent, atomic, verified checkpoints.
 
@@ -19,16 +20,6 @@ _LAZY = {
     "load_checkpoint": "nemo_muon.layerwise.checkpoint",
     "latest_checkpoint": "nemo_muon.layerwise.checkpoint",
     "CheckpointError": "nemo_muon.layerwise.checkpoint",
-    "ns_cost": "nemo_muon.layerwise.plan",
-    "soap_cost": "nemo_muon.layerwise.plan",
-    "lpt_assign": "nemo_muon.layerwise.plan",
-    "plan_ownership": "nemo_muon.layerwise.plan",
-    "OwnershipPlan": "nemo_muon.layerwise.plan",
-    "PlanItem": "nemo_muon.layerwise.plan",
-    "model_plan": "nemo_muon.layerwise.model_plan",
-    "compare_methods": "nemo_muon.layerwise.model_plan",
-    "stage_plan": "nemo_muon.layerwise.model_plan",
-    "CostModel": "nemo_muon.layerwise.model_plan",
 }
 
 __all__ = sorted(_LAZY)

@@ -3,7 +3,7 @@
 Per step: grads are reduce-scattered to their owners (even-sized owner buckets, any backend), owners run the inner
 optimizer (Muon / SOAP / AdamW) on fp32 master copies of the tensors they own, and the updated tensors are
 all-gathered back; with ``overlap_param_gather`` the gather runs asynchronously and each module waits for its own
-tensors in a forward pre-hook, so it hides in the next forward. Ownership comes from `nemo_muon.layerwise.plan`
+tensors in a forward pre-hook, so it hides in the next forward. Ownership comes from `nemo_muon.accounting.ownership`
 (LPT over preconditioner FLOPs, then bytes), computed identically on every rank. See docs/layerwise.md.
 """
 
@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_range, fail
+from nemo_muon.accounting.ownership import METHODS, OwnershipPlan, PlanItem, ns_cost, plan_ownership, soap_cost
 from nemo_muon.config.optimizer import NONFINITE_POLICIES
 from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket, build_buckets, resolve_collectives
 from nemo_muon.layerwise.grad_hooks import GradReduceHooks
-from nemo_muon.layerwise.plan import METHODS, OwnershipPlan, PlanItem, ns_cost, plan_ownership, soap_cost
 
 NamedParams = Sequence[tuple[str, torch.nn.Parameter]]
 OptimizerFactory = Callable[[NamedParams], torch.optim.Optimizer]

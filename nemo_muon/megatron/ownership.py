@@ -5,7 +5,7 @@ ping-pong (``megatron/core/optimizer/layer_wise_optimizer.py``, ``shard_params``
 the orthogonalization work: an (m, n) matrix costs ~ m²n + m³ Newton–Schulz FLOPs, not m·n. `ns_balanced_class`
 returns a subclass whose ``shard_params`` places the matrix optimizer's parameters (ours: `MegatronMuon` /
 `MegatronSoap`, the first optimizer) by LPT on the cost model of the torch backend's engine
-(`nemo_muon.layerwise.plan.ns_cost` / ``soap_cost``), and Adam's parameters (near-free updates) ping-pong by numel as
+(`nemo_muon.accounting.ownership.ns_cost` / ``soap_cost``), and Adam's parameters (near-free updates) ping-pong by numel as
 Megatron does, each within its own domain (dense over ``dp_cp``, experts over ``expt_dp``). Everything else
 (all-gather of the owned shards, master weights, checkpoints) is Megatron's, unchanged.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from nemo_muon.layerwise.plan import lpt_assign, ns_cost, ping_pong_assign, soap_cost
+from nemo_muon.accounting.ownership import lpt_assign, ns_cost, ping_pong_assign, soap_cost
 
 
 def matrix_cost(optimizer: Any, shape: tuple[int, ...]) -> float:

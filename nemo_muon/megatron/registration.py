@@ -34,7 +34,7 @@ import torch
 
 from nemo_muon.config.optimizer import OptimizerConfig, SoapConfig
 from nemo_muon.megatron.nonfinite import apply_nonfinite_policy
-from nemo_muon.optim.muon import Muon, tp_partition_dim
+from nemo_muon.optim.muon import Muon, tensor_partition_dim
 from nemo_muon.optim.routing import MATRIX, QKVLayout
 from nemo_muon.optim.soap import SOAP, init_soap_state
 
@@ -102,7 +102,7 @@ def init_soap_state_fn(opt: torch.optim.Optimizer, config: Any = None) -> None:
     for group in opt.param_groups:
         for p in group["params"]:
             shape = list(p.shape)
-            pdim = tp_partition_dim(p) if world > 1 else None
+            pdim = tensor_partition_dim(p) if world > 1 else None
             if pdim is not None:
                 shape[pdim] *= world
             init_soap_state(opt.state[p], tuple(shape), p.device)

@@ -9,7 +9,7 @@ Scale modes, with (out, in) the part's *global* shape (local shard shape in bloc
 spectral sqrt(max(out, in)); shape_scaling sqrt(max(1, out/in)); unit_rms_norm sqrt(out/in);
 match_rms_adamw 0.2·sqrt(max(out, in)).
 Tensor parallelism: with ``tp_group`` set, a parameter with ``tensor_model_parallel=True`` and ``partition_dim``
-attributes (Megatron's convention) is a shard; its NS runs in ``tp_mode`` (see ``nemo_muon.optim.newton_schulz``), all
+attributes (Megatron's convention) is a shard; its NS runs in ``tp_mode`` (see ``nemo_muon.optim.ns_iteration``), all
 matrices of one step together so distributed-mode collectives are fused.
 """
 
@@ -24,9 +24,9 @@ import torch.distributed as dist
 
 from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, SCALE_MODES, MuonConfig
 from nemo_muon.optim.fused import merge_parts, split_parts
-from nemo_muon.optim.newton_schulz import newton_schulz_many
+from nemo_muon.optim.ns_iteration import newton_schulz_many
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
-from nemo_muon.optim.routing import Layout, MatrixRule
+from nemo_muon.optim.routing import FusedLayout, MatrixRule
 
 
 def muon_scale(out_dim: int, in_dim: int, mode: str) -> float:
@@ -42,7 +42,7 @@ def muon_scale(out_dim: int, in_dim: int, mode: str) -> float:
     raise ValueError(f"muon.scale_mode must be one of {SCALE_MODES}; got {mode!r}")
 
 
-def tp_partition_dim(p: torch.Tensor) -> int | None:
+def tensor_partition_dim(p: torch.Tensor) -> int | None:
     """The TP partition dim of a Megatron-style parameter (``tensor_model_parallel`` + ``partition_dim``), or None."""
     if not getattr(p, "tensor_model_parallel", False):
         return None
@@ -83,7 +83,7 @@ class Muon(RoutedOptimizer):
         tp_group: dist.ProcessGroup | None = None,
         tp_mode: str = "duplicated",
         matrix_rule: MatrixRule | None = None,
-        fused_layouts: Mapping[str, Layout | Mapping | None] | None = None,
+        fused_layouts: Mapping[str, FusedLayout | Mapping | None] | None = None,
         master_weights: bool = False,
     ) -> None:
         MuonConfig(  # the one place the ranges live; raises naming the field
@@ -136,7 +136,7 @@ class Muon(RoutedOptimizer):
             key = (g["ns_steps"], g["coefficients"], g["ns_precision"])
             keys.setdefault(key, []).extend((i, j) for j in range(len(parts[i])))
         for (steps, coeffs, precision), where in keys.items():
-            dims = [tp_partition_dim(items[i].param) if self.tp_group is not None else None for i, _ in where]
+            dims = [tensor_partition_dim(items[i].param) if self.tp_group is not None else None for i, _ in where]
             ys = newton_schulz_many(
                 [parts[i][j] for i, j in where], steps, coeffs, tp_group=self.tp_group, tp_mode=self.tp_mode,
                 partition_dims=dims, precision=precision,
@@ -147,7 +147,7 @@ class Muon(RoutedOptimizer):
         updates = []
         for i, it in enumerate(items):
             g = it.group
-            pdim = tp_partition_dim(it.param) if self.tp_group is not None else None
+            pdim = tensor_partition_dim(it.param) if self.tp_group is not None else None
             scaled = []
             for y in outs[i]:
                 shape = [y.shape[-2], y.shape[-1]]

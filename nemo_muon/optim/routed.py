@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from nemo_muon.optim.routing import ADAMW, ALGORITHMS, Layout, MatrixRule, Route, resolve_layouts, route_param
+from nemo_muon.optim.routing import ADAMW, ALGORITHMS, FusedLayout, MatrixRule, Route, resolve_layouts, route_param
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -39,13 +39,26 @@ def adamw_direction(grad: torch.Tensor, state: dict[str, Any], betas: tuple[floa
         state["step"] = torch.tensor(0.0)
         state["exp_avg"] = torch.zeros_like(grad)
         state["exp_avg_sq"] = torch.zeros_like(grad)
-    state["step"] += 1
-    t = state["step"].item()
+    step = state["step"]
+    if step.device.type != "cpu":  # put on a device by some loader: back to the host once, not a sync every step
+        step = state["step"] = step.detach().cpu()
+    step += 1
+    t = step.item()  # a host tensor (as in torch.optim.AdamW): no device sync
     b1, b2 = betas
     state["exp_avg"].lerp_(grad, 1 - b1)
     state["exp_avg_sq"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
     denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - b2**t)).add_(eps)
     return state["exp_avg"] / denom / (1 - b1**t)
+
+
+def place_state_value(key: str, value: Any, device: torch.device) -> Any:
+    """A loaded per-parameter state value, copied for a parameter on ``device``: tensors move there keeping their
+    dtype, except ``step``, which stays on the host as in torch.optim (reading it for the bias corrections is then
+    no device sync per parameter)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    value = value.detach().clone()
+    return value.cpu() if key == "step" else value.to(device)
 
 
 class RoutedOptimizer(torch.optim.Optimizer):
@@ -61,7 +74,7 @@ class RoutedOptimizer(torch.optim.Optimizer):
         nonfinite: str,
         master_weights: bool,
         matrix_rule: MatrixRule | None,
-        fused_layouts: Mapping[str, Layout | Mapping | None] | None,
+        fused_layouts: Mapping[str, FusedLayout | Mapping | None] | None,
         split_qkv: bool,
         split_gate_up: bool,
         adamw_lr: float | None,
@@ -196,7 +209,8 @@ class RoutedOptimizer(torch.optim.Optimizer):
     # --- checkpoints ---------------------------------------------------------------------------------------------
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As torch.optim.Optimizer's, except that state tensors keep their saved dtype (fp32 momentum and master
-        weights of bf16/fp16 params are not cast down to the param dtype); they move to the param's device."""
+        weights of bf16/fp16 params are not cast down to the param dtype); they move to the param's device, except
+        ``step`` (``place_state_value``)."""
         saved_state = state_dict["state"]
         super().load_state_dict({**state_dict, "state": {}})
         ids = [i for g in state_dict["param_groups"] for i in g["params"]]
@@ -204,6 +218,4 @@ class RoutedOptimizer(torch.optim.Optimizer):
         by_id = dict(zip(ids, params, strict=True))
         for key, value in saved_state.items():
             p = by_id[key]
-            self.state[p] = {
-                k: (v.detach().clone().to(p.device) if isinstance(v, torch.Tensor) else v) for k, v in value.items()
-            }
+            self.state[p] = {k: place_state_value(k, v, p.device) for k, v in value.items()}

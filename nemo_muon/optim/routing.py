@@ -74,11 +74,11 @@ class QKVLayout:
         return [self.num_attention_heads // self.num_query_groups * self.head_dim, self.head_dim, self.head_dim]
 
 
-Layout = GateUpLayout | QKVLayout
-DEFAULT_FUSED_LAYOUTS: dict[str, Layout | None] = {"gate_up_proj": GateUpLayout(), "linear_fc1": GateUpLayout()}
+FusedLayout = GateUpLayout | QKVLayout
+DEFAULT_FUSED_LAYOUTS: dict[str, FusedLayout | None] = {"gate_up_proj": GateUpLayout(), "linear_fc1": GateUpLayout()}
 
 
-def _layout_from_spec(key: str, spec: Any) -> Layout | None:
+def _layout_from_spec(key: str, spec: Any) -> FusedLayout | None:
     if spec is None or isinstance(spec, (GateUpLayout, QKVLayout)):
         return spec
     if isinstance(spec, Mapping) and spec.get("kind") in ("gate_up", "qkv"):
@@ -88,7 +88,7 @@ def _layout_from_spec(key: str, spec: Any) -> Layout | None:
                      f"'gate_up' or 'qkv'; got {spec!r}")
 
 
-def resolve_layouts(fused_layouts: Mapping[str, Any] | None) -> dict[str, Layout | None]:
+def resolve_layouts(fused_layouts: Mapping[str, Any] | None) -> dict[str, FusedLayout | None]:
     """The defaults updated with the user's ``fused_layouts`` (name segment -> layout, or None to disable)."""
     out = dict(DEFAULT_FUSED_LAYOUTS)
     for key, spec in (fused_layouts or {}).items():
@@ -113,7 +113,7 @@ class Route:
     """Where one parameter goes: ``algorithm`` and, for a fused matrix, how to split it (None = whole)."""
 
     algorithm: str
-    layout: Layout | None = None
+    layout: FusedLayout | None = None
 
     def split_sizes(self, name: str, rows: int) -> list[int] | None:
         """Row counts of the parts along dim -2 in the order they are stacked (QKV: per group), or None."""
@@ -134,7 +134,7 @@ def route_param(
     *,
     matrix_rule: MatrixRule | None = None,
     forced: str | None = None,
-    layouts: Mapping[str, Layout | None] = DEFAULT_FUSED_LAYOUTS,
+    layouts: Mapping[str, FusedLayout | None] = DEFAULT_FUSED_LAYOUTS,
     split_qkv: bool = True,
     split_gate_up: bool = True,
 ) -> Route:

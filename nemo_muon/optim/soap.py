@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, SoapConfig
-from nemo_muon.optim.muon import tp_partition_dim
+from nemo_muon.optim.muon import tensor_partition_dim
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
 from nemo_muon.optim.routing import GateUpLayout, MatrixRule
 
@@ -106,7 +106,7 @@ class SOAP(RoutedOptimizer):
     def _full_grad(self, item: MatrixItem) -> tuple[torch.Tensor, int | None, bool]:
         """The gathered global gradient, the partition dim (-2/-1) and whether it is a row-sharded [gate; up]
         (Megatron shards each half, so rank r holds [gate_r; up_r] and the halves are regrouped here)."""
-        pdim = tp_partition_dim(item.param) if self.tp_group is not None else None
+        pdim = tensor_partition_dim(item.param) if self.tp_group is not None else None
         if pdim is None or dist.get_world_size(self.tp_group) == 1:
             return item.grad, None, False
         pdim = pdim - item.grad.ndim if pdim >= 0 else pdim

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nemo_muon.accounting.model_flops import model_flops_per_step
-from nemo_muon.accounting.ns_flops import ns_flops
+from nemo_muon.accounting.ns_count import ns_flops
 from nemo_muon.config.optimizer import MuonConfig
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.matrices import matrix_params

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from packaging.version import Version
 
-from nemo_muon.layerwise.plan import lpt_assign
+from nemo_muon.accounting.ownership import lpt_assign
 from nemo_muon.megatron.stack import installed_versions, problems_for_optimizer
 from tests.distributed import run_distributed
 from tests.megatron_cpu.training import (

@@ -325,7 +325,7 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
                     mine.copy_(ref)
             per_step.append({"master_max_abs_diff": master_diff, "master_max_abs": scale,
                              "momentum_max_abs_diff": momentum_diff})
-        from nemo_muon.accounting.ns_flops import matrix_ns_flops
+        from nemo_muon.accounting.ns_count import matrix_ns_flops
 
         return {"per_step": per_step, "losses": losses, "matrices_on_rank": len(ours_masters),
                 "step_s": step_s, "collective_bytes": comm_bytes,
@@ -412,7 +412,7 @@ def muon_tensor_parallel_against_single_process(rank: int, world_size: int, grou
     from nemo_muon.megatron.build import build_megatron_optimizer
     from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
     from nemo_muon.megatron.registration import MegatronMuon, fused_layouts, muon_kwargs_from_megatron
-    from nemo_muon.optim.muon import tp_partition_dim
+    from nemo_muon.optim.muon import tensor_partition_dim
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
     try:
@@ -426,7 +426,7 @@ def muon_tensor_parallel_against_single_process(rank: int, world_size: int, grou
         params = dict(ddp_model.module.named_parameters())
         masters = _matrix_masters(optimizer, {id(p): n for n, p in params.items()})
         owned = sorted(masters)
-        dims = {n: tp_partition_dim(params[n]) for n in owned}
+        dims = {n: tensor_partition_dim(params[n]) for n in owned}
 
         def full(name: str, shard) -> Any:
             if dims[name] is None:

@@ -1,9 +1,10 @@
 """Ownership plan of the layer-wise distributed optimizer: which data-parallel rank updates which whole tensor.
 
-Torch-free (the planner and the CLI import it). The cost model and the assignment rules:
+Torch-free: the engine (``nemo_muon.layerwise``), Megatron's layer-wise optimizer (``nemo_muon.megatron.ownership``),
+the stage plans (``model_ownership``) and the planner use it. The cost model and the assignment rules:
 
 - ``ns_cost(shape)``: FLOPs of ``steps`` Newton–Schulz iterations on one matrix transposed to its short side
-  (m <= n): each step is X·Xᵀ (2m²n), A·A (2m³) and B·X (2m²n), so 5 quintic steps cost 20m²n + 10m³ with GEMMs
+  (m <= n), the counting rule of ``ns_count.ns_flop_terms``: 5 quintic steps cost 20m²n + 10m³ with GEMMs
   (15m²n + 5m³ when X·Xᵀ and A·A use SYRK). A 3-D stack (E, m, n) costs E times one matrix.
 - ``soap_cost(shape)``: SOAP's per-step matrix work (Kronecker factor updates, rotations in and out of the
   eigenbasis) plus one eigenbasis refresh (power iteration + QR) every ``precondition_frequency`` steps.
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nemo_muon._validation import check_choice, check_positive_int, fail
+from nemo_muon.accounting.ns_count import ns_flop_terms
 
 Method = Literal["lpt", "round_robin", "ping_pong"]
 METHODS: tuple[str, ...] = ("lpt", "round_robin", "ping_pong")
@@ -48,8 +50,7 @@ def ns_cost(shape: Sequence[int], steps: int = 5, *, syrk: bool = False) -> floa
         return 0.0
     batch = math.prod(dims[:-2])
     m, n = sorted(dims[-2:])
-    per_step = (3 * m * m * n + m**3) if syrk else (4 * m * m * n + 2 * m**3)
-    return float(batch * steps * per_step)
+    return float(batch * sum(ns_flop_terms(m, n, steps, syrk=syrk)))
 
 
 def soap_cost(shape: Sequence[int], precondition_frequency: int = 1) -> float:

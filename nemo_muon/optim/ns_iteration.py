@@ -13,7 +13,7 @@ TP modes (``tp_group`` of size p, ``partition_dim`` -2/-1 or the positive equiva
   duplicated (logged), which gives the same result at the price of a gather.
 - ``blockwise``: each shard alone, no communication; the result depends on p (measured deviation in
   docs/optimizers.md).
-- ``auto``: duplicated or distributed per matrix by the cost model in ``ns_cost``.
+- ``auto``: duplicated or distributed per matrix by the cost model in ``nemo_muon.accounting.ns_choice``.
 Precision: ``fp32`` runs the iterations in fp32 (TF32 on GPU if torch.set_float32_matmul_precision allows it);
 ``bf16`` runs them in bf16 after an fp32 normalization, like emerging-optimizers' "medium" precision.
 """
@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_positive_int
+from nemo_muon.accounting.ns_choice import DEFAULT_TP_COST, TPCostModel, choose_algorithm, choose_tp_mode
 from nemo_muon.config.optimizer import NS_PRECISIONS as PRECISIONS
 from nemo_muon.config.optimizer import TP_MODES
 from nemo_muon.optim.coefficients import COEFFICIENT_SETS, coefficient_schedule
-from nemo_muon.optim.ns_cost import DEFAULT_TP_COST, TPCostModel, choose_algorithm, choose_tp_mode
 from nemo_muon.optim.ns_kernels import ALGORITHMS, ns_program, run_programs
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def newton_schulz_many(
     """Orthogonalize every matrix of ``xs`` (see the module docstring), fusing the collectives of all of them.
 
     ``partition_dims``: one per matrix (or one for all). ``algorithm``: ``auto`` (Gram NS for matrices at least
-    ``ns_cost.GRAM_MIN_ASPECT`` times wider than tall), ``standard`` or ``gram``. ``stats``, if given, receives
+    ``ns_choice.GRAM_MIN_ASPECT`` times wider than tall), ``standard`` or ``gram``. ``stats``, if given, receives
     ``modes`` (per matrix: local, duplicated, distributed or blockwise), ``all_reduce_calls`` and
     ``all_gather_calls``.
     """

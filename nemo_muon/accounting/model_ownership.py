@@ -2,7 +2,7 @@
 
 This module is the one place the per-rank Newton–Schulz load of the layer-wise optimizer is computed:
 ``stage_plan`` plans one pipeline stage of a validated ``Layout``; ``nemo-muon plan`` (``accounting.planner``)
-and ``model_plan`` / ``compare_methods`` (bench, docs) both call it.
+and ``model_plan`` / ``compare_methods`` (bench, docs) both call it. Torch-free.
 
 Model (Megatron-Core's layout):
 
@@ -13,7 +13,7 @@ Model (Megatron-Core's layout):
 - The ownership unit is a stored tensor (the engine and Megatron's layer-wise optimizer own whole tensors). A fused
   gate/up or QKV tensor costs the NS of its parts when the optimizer splits it (``split_gate_up`` / ``split_qkv``)
   and of the fused matrix when it does not (Megatron orthogonalizes ``linear_fc1`` fused), but is owned as one.
-- Cost = NS FLOPs one TP rank executes for the TP mode (``accounting.ns_flops.ns_flops_per_tp_rank``); shapes and
+- Cost = NS FLOPs one TP rank executes for the TP mode (``accounting.ns_count.ns_flops_per_tp_rank``); shapes and
   bytes are the TP rank's shard. Element-wise tensors cost 0 and are placed by bytes.
 - Routed experts of EP rank e are spread over its expert-DP replicas by the method (pinned when expert-DP = 1);
   the stage's other tensors go to the dp·cp ranks by the method, starting from the expert work each rank has.
@@ -35,8 +35,8 @@ from typing import Any
 
 from nemo_muon._validation import check_choice, check_positive_int, check_range, fail
 from nemo_muon.accounting.layout import Layout
-from nemo_muon.accounting.ns_flops import TP_MODES, ns_flops_per_tp_rank, tp_partition_dim
-from nemo_muon.layerwise.plan import METHODS, Method, OwnershipPlan, PlanItem, plan_ownership
+from nemo_muon.accounting.ns_count import TP_MODES, ns_flops_per_tp_rank, spec_partition_dim
+from nemo_muon.accounting.ownership import METHODS, Method, OwnershipPlan, PlanItem, plan_ownership
 from nemo_muon.models.matrices import ParamInfo, is_moe_layer, layer_params, non_layer_params
 from nemo_muon.models.specs import ModelSpec
 
@@ -105,7 +105,7 @@ def _layer_tensors(params: list[ParamInfo], layout: Layout, cost: CostModel,
     out: list[StageTensor] = []
     for name, ps in merged.items():
         width = layout.etp if ps[0].kind == "expert" else layout.tp
-        pdim = tp_partition_dim(ps[0]) if len(ps[0].shape) == 2 else None
+        pdim = spec_partition_dim(ps[0]) if len(ps[0].shape) == 2 else None
         numel = sum(math.prod(_shard(p.shape, width, pdim)) for p in ps)
         hidden = [p for p in ps if p.is_hidden_matrix]
         flops = sum(ns_flops_per_tp_rank(p.shape, width, cost.tp_mode, pdim, cost.steps, syrk=cost.syrk)

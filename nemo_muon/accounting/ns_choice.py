@@ -1,9 +1,7 @@
-"""Cost model of Newton–Schulz: FLOPs per algorithm, and the choice of TP mode (``tp_mode="auto"``).
+"""Choices of nemo_muon's Newton–Schulz by cost: the local algorithm, and the TP mode (``tp_mode="auto"``).
 
-FLOPs count multiply-adds as 2 FLOPs, for one matrix (m, n) with m <= n (the side being whitened):
-- standard: each step A = X·Xᵀ (2m²n), A·A (2m³), B·X (2m²n)  -> steps * (4m²n + 2m³)
-- gram: X·Xᵀ once (2m²n), per step the polynomial (2m³), Z·Q (2m³, not on the first step) and Z·R·Z (4m³, not on the
-  last step), Q·X once (2m²n)  -> 4m²n + 2m³·(4·steps - 3)
+Torch-free. FLOPs (multiply-adds count 2) come from ``nemo_muon.accounting.ns_count.ns_flop_terms`` for one matrix
+(m, n) with m <= n (the side being whitened): standard steps·(4m²n + 2m³), gram 4m²n + 2m³·(4·steps - 3).
 The algorithm used locally is ``gram`` when n >= GRAM_MIN_ASPECT * m (measured on CPU by bench/ns.py), else
 ``standard`` (see ``choose_algorithm`` for bf16 on GPU).
 
@@ -21,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_muon.accounting.ns_count import ns_flop_terms
+
 GRAM_MIN_ASPECT = 2.0
 """Use Gram NS when the long side is at least this many times the short side."""
 
@@ -35,13 +35,6 @@ def choose_algorithm(m: int, n: int, device: Any = "cpu", dtype: Any = None) -> 
     if str(getattr(device, "type", device)) != "cpu" and dtype is not None and "float32" not in str(dtype):
         return "standard"
     return "gram" if long >= GRAM_MIN_ASPECT * short else "standard"
-
-
-def ns_flops(m: int, n: int, steps: int, algorithm: str) -> float:
-    """FLOPs of ``steps`` NS iterations on an m×n matrix, whitening the m side (see module docstring)."""
-    if algorithm == "standard":
-        return float(steps * (4 * m * m * n + 2 * m**3))
-    return float(4 * m * m * n + 2 * m**3 * (4 * steps - 3))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,13 +60,12 @@ def tp_mode_costs(
     bpe = cost.bytes_per_element
     frac = (world - 1) / world
     algo = choose_algorithm(m, n)
-    dup = ns_flops(m, n, steps, algo) / cost.flops_per_s + rows * cols * bpe * frac / cost.bytes_per_s
+    big, small = ns_flop_terms(m, n, steps, algorithm=algo)  # the m²n terms split over the ranks, the m³ terms not
+    dup = float(big + small) / cost.flops_per_s + rows * cols * bpe * frac / cost.bytes_per_s
     dup += cost.latency_s
     costs = {"duplicated": dup}
     contracted_dim = -1 if rows <= cols else -2
     if partition_dim == contracted_dim:
-        big = 4 * m * m * n if algo == "gram" else steps * 4 * m * m * n
-        small = ns_flops(m, n, steps, algo) - big
         reduces = 2 if algo == "gram" else steps + 1  # the norm, then one Gram matrix (gram) or one per step
         comm_bytes = 2 * frac * m * m * bpe * (reduces - 1)
         costs["distributed"] = (

@@ -10,8 +10,9 @@ Counting rule (published, tested; docs/flops.md):
   when split (``matrix_params(split_gate_up=True, split_qkv=True)``) and as one matrix when fused.
 - Only the hidden matrices Muon orthogonalizes count (``ParamInfo.is_hidden_matrix``: attention, dense MLP,
   routed and shared experts, router); embeddings, the head and norms go to AdamW.
-- The count is the standard quintic iteration's. nemo_muon's Gram NS (``nemo_muon.optim.ns_cost``: fewer FLOPs on
-  elongated matrices) and fused kernels execute less; the rule stays the standard count so numbers compare.
+- The count is the standard quintic iteration's. nemo_muon's Gram NS (``algorithm="gram"``: X·Xᵀ and Q·X once,
+  4m²n + 2m³·(4·steps − 3), chosen on elongated matrices by ``nemo_muon.accounting.ns_choice``) and fused kernels
+  execute less; the rule stays the standard count so numbers compare.
 - "Useful" NS FLOPs count every matrix once (what a single device would do); "executed" FLOPs add the work a
   tensor-parallel mode repeats: ``duplicated`` runs the full NS on every TP rank (TP x the work), ``distributed``
   runs X·Xᵀ and B·X on the shard and repeats A·A on every rank, ``blockwise`` orthogonalizes each shard alone.
@@ -24,8 +25,9 @@ from dataclasses import dataclass, field
 
 from nemo_muon._validation import check_choice, check_positive_int, fail
 from nemo_muon.config.optimizer import TP_MODES
-from nemo_muon.layerwise.plan import ns_cost
 from nemo_muon.models.matrices import ParamInfo
+
+NS_ALGORITHMS: tuple[str, ...] = ("standard", "gram")
 
 _COLUMN_PARALLEL = ("linear_fc1", "linear_qkv", "linear_q_up_proj", "linear_kv_up_proj", "linear_q_proj",
                     "word_embeddings", "output_layer")
@@ -39,13 +41,31 @@ def _short_long(shape: Sequence[int]) -> tuple[int, int]:
     return m, n
 
 
-def matrix_ns_flops(shape: Sequence[int], steps: int = 5, *, syrk: bool = False) -> float:
-    """NS FLOPs of one (m, n) matrix on its short side: steps·(4m²n + 2m³), or steps·(3m²n + m³) with SYRK."""
-    _short_long(shape)  # a 2-D matrix only (ns_cost also takes stacks)
-    return ns_cost(shape, steps, syrk=syrk)
+def ns_flop_terms(m: int, n: int, steps: int, *, syrk: bool = False, algorithm: str = "standard") -> tuple[int, int]:
+    """NS FLOPs of an (m, n) matrix whitened on its m side, as (terms in m²n, terms in m³): the one place the
+    Newton–Schulz FLOP formula is written (the counting rule, the TP-mode split and the ownership cost add these).
+
+    standard: steps x (X·Xᵀ 2m²n + B·X 2m²n, A·A 2m³); with ``syrk`` X·Xᵀ and A·A compute one triangle (m²n, m³).
+    gram: X·Xᵀ and Q·X once (4m²n), per step the polynomial (2m³), Z·Q (2m³, not on the first step) and Z·R·Z
+    (4m³, not on the last): 2m³·(4·steps − 3).
+    """
+    check_choice("algorithm", algorithm, NS_ALGORITHMS)
+    if algorithm == "gram":
+        return 4 * m * m * n, 2 * m**3 * (4 * steps - 3)
+    if syrk:
+        return steps * 3 * m * m * n, steps * m**3
+    return steps * 4 * m * m * n, steps * 2 * m**3
 
 
-def tp_partition_dim(info: ParamInfo) -> int | None:
+def matrix_ns_flops(shape: Sequence[int], steps: int = 5, *, syrk: bool = False, algorithm: str = "standard") -> float:
+    """NS FLOPs of one (m, n) matrix on its short side: steps·(4m²n + 2m³), or steps·(3m²n + m³) with SYRK
+    (``ns_flop_terms``; ``algorithm="gram"`` counts nemo_muon's Gram NS instead)."""
+    check_positive_int("steps", steps)
+    m, n = _short_long(shape)
+    return float(sum(ns_flop_terms(m, n, steps, syrk=syrk, algorithm=algorithm)))
+
+
+def spec_partition_dim(info: ParamInfo) -> int | None:
     """Dimension Megatron shards over tensor parallelism (0 = column-parallel output rows and the vocab-parallel
     embedding / head, 1 = row-parallel input columns), or None for weights every TP rank holds whole (MLA
     down-projections, the router, norms)."""
@@ -67,7 +87,7 @@ def ns_flops_per_tp_rank(shape: Sequence[int], tp: int, tp_mode: str, partition_
     distributed: the Gram matrix of the shard (all-reduced) and B·X on the shard, A·A repeated on every rank;
     it needs the shard along the long (contracted) side, so a short-side shard counts as duplicated (what
     ``nemo_muon.newton_schulz`` falls back to). ``auto`` is counted as distributed where possible (the optimizer's
-    own choice also weighs the communication, see ``nemo_muon.optim.ns_cost``).
+    own choice also weighs the communication, see ``nemo_muon.accounting.ns_choice``).
     """
     check_positive_int("tp", tp)
     check_choice("tp_mode", tp_mode, TP_MODES)
@@ -84,9 +104,8 @@ def ns_flops_per_tp_rank(shape: Sequence[int], tp: int, tp_mode: str, partition_
     m, n = _short_long(shape)
     if shape[partition_dim] != n:  # the shard is along the short side: distributed falls back to duplicated
         return full
-    gram = (m * m * n / tp) if syrk else (2 * m * m * n / tp)
-    square = m**3 if syrk else 2 * m**3
-    return float(steps * (gram + square + 2 * m * m * n / tp))
+    long_terms, square_terms = ns_flop_terms(m, n, steps, syrk=syrk)  # X·Xᵀ and B·X split tp ways, A·A repeated
+    return float(long_terms // tp + square_terms)
 
 
 @dataclass(frozen=True)
@@ -117,7 +136,7 @@ def ns_flops(params: Iterable[ParamInfo], *, steps: int = 5, syrk: bool = False,
             continue
         f = matrix_ns_flops(p.shape, steps, syrk=syrk)
         width = etp if p.kind == "expert" else tp
-        pdim = tp_partition_dim(p)
+        pdim = spec_partition_dim(p)
         per_rank = ns_flops_per_tp_rank(p.shape, width, tp_mode, pdim, steps, syrk=syrk)
         useful += f
         executed += per_rank * width
