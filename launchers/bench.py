@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 from nemo_muon.launchers.job import LaunchError, build_plan
 from nemo_muon.launchers.launch import execute, launch_options, options_from_cli, usage_error
-from nemo_muon.launchers.secrets import mask_text, secret_values
+
+from nemo_muon.secret_policy import mask_text, secret_values
 
 _OPT = re.compile(r"(muon|soap)")
 

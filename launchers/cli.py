@@ -37,7 +37,8 @@ def profiles_cmd(profiles: str | None, as_json: bool) -> None:
     import dataclasses
 
     from nemo_muon.launchers.profiles import load_profiles, profiles_path
-    from nemo_muon.launchers.secrets import mask_env
+
+    from nemo_muon.secret_policy import mask_env
 
     try:
         found = load_profiles(profiles)

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import click
-from nemo_muon.launchers.secrets import MASK, is_secret
+
+from nemo_muon.secret_policy import MASK, is_secret
 
 STATUSES: tuple[str, ...] = ("ok", "warn", "fail")
 DISTRIBUTIONS: tuple[str, ...] = ("torch", "transformer-engine", "megatron-core", "megatron-bridge", "nemo-toolkit",

@@ -8,7 +8,6 @@ Torch-free.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -16,22 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from nemo_muon.launchers.docker import docker_argv
+from nemo_muon.launchers.launch_input import LaunchError, parse_env, parse_mount
 from nemo_muon.launchers.profiles import EXECUTORS, ClusterProfile, get_profile
 from nemo_muon.launchers.run_recipe import LAUNCH_ENV_VAR
-from nemo_muon.launchers.secrets import MASK, split_secrets
 from nemo_muon.launchers.slurm import SlurmJob, render_sbatch, sbatch_argv
+
+from nemo_muon.secret_policy import MASK, split_secrets
 
 ENTRY_MODULE = "nemo_muon.launchers.run_recipe"
 DOCKER_MASTER_PORT = 29500
 MULTI_NODE_DOCKER_VARS: tuple[str, ...] = ("PET_NODE_RANK", "PET_MASTER_ADDR")
 """Set on each node for a multi-node docker run (torchrun reads --node-rank / --master-addr from them)."""
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MOUNT_PART = re.compile(r"^/[^,:\s]*$")
-_MOUNT_FLAGS = ("ro", "rw")
-
-
-class LaunchError(ValueError):
-    """Bad launch input (the CLI reports it as a usage error, exit code 2)."""
 
 
 @dataclass(kw_only=True)
@@ -100,34 +94,6 @@ class LaunchPlan:
                 "run_dir": str(self.run_dir), "env": self.env, "secrets": {k: MASK for k in self.secrets},
                 "command": self.command_text(), "script": self.script,
                 "script_path": str(self.script_path) if self.script_path else None}
-
-
-def parse_mount(text: str) -> str:
-    """Check ``SRC:DST[:ro|rw]`` with absolute paths and no commas/whitespace; returns it unchanged."""
-    parts = text.split(":")
-    ok = 2 <= len(parts) <= 3 and all(_MOUNT_PART.fullmatch(p) for p in parts[:2])
-    if ok and len(parts) == 3:
-        ok = parts[2] in _MOUNT_FLAGS
-    if not ok:
-        raise LaunchError(f"--mount must be SRC:DST or SRC:DST:ro|rw with absolute paths (no ',' or spaces); "
-                          f"got {text!r}")
-    return text
-
-
-def parse_env(items: list[str], environ: dict[str, str]) -> dict[str, str]:
-    """``NAME=value`` pairs, and bare ``NAME`` forwarded from ``environ`` (must be set there)."""
-    out: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not _ENV_NAME.match(name):
-            raise LaunchError(f"--env must be NAME=value or NAME with NAME matching [A-Za-z_][A-Za-z0-9_]*; "
-                              f"got {item!r}")
-        if not sep:
-            if name not in environ:
-                raise LaunchError(f"--env {name} forwards a variable from your environment, but {name} is not set")
-            value = environ[name]
-        out[name] = value
-    return out
 
 
 def _pick(option: Any, profile: ClusterProfile | None, key: str, default: Any = None) -> Any:

@@ -12,7 +12,8 @@ from typing import Any
 import click
 from nemo_muon.launchers.cli_types import FINITE_POSITIVE
 from nemo_muon.launchers.job import LaunchError, LaunchOptions, LaunchPlan, build_plan
-from nemo_muon.launchers.secrets import mask_text, secret_values
+
+from nemo_muon.secret_policy import mask_text, secret_values
 
 
 @dataclass(kw_only=True)

@@ -34,8 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from nemo_muon.launchers.bounded_yaml import MAX_MESSAGE, cut, load_yaml_file
-from nemo_muon.launchers.secrets import MASK, is_secret_name, is_secret_value, shown
+from nemo_muon.launchers.launch_input import parse_mount
 from nemo_muon.launchers.slurm import SAFE_VALUE, TIME_LIMIT
+
+from nemo_muon.config.limits import GPUS_PER_NODE
+from nemo_muon.secret_policy import MASK, is_secret_name, is_secret_value, shown
 
 EXECUTORS: tuple[str, ...] = ("local", "slurm", "docker")
 PROFILE_KEYS: tuple[str, ...] = ("executor", "system", "account", "partition", "time", "gpus_per_node", "image",
@@ -135,14 +138,10 @@ def _err(path: Path, key: str, allowed: str, value: Any, *, masked: bool = False
 def _gpus_limit(system: str | None) -> int:
     if system is None:
         return MAX_GPUS_PER_NODE
-    from nemo_muon.recipes.systems import GPUS_PER_NODE
-
     return GPUS_PER_NODE.get(system, MAX_GPUS_PER_NODE)
 
 
 def _valid_mount(text: str) -> bool:
-    from nemo_muon.launchers.job import parse_mount
-
     try:
         parse_mount(text)
     except ValueError:

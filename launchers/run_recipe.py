@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nemo_muon.launchers.secrets import MASK, is_secret
+from nemo_muon.secret_policy import MASK, is_secret
 
 LAUNCH_ENV_VAR = "NEMO_MUON_LAUNCH_ENV"
 """Comma-separated names of the variables the launcher set for the job (recorded in launch.json)."""

@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
-from nemo_muon.launchers.secrets import mask_env
 from nemo_muon.recipes import get_recipe
 from nemo_muon.recipes.overrides import apply_overrides
 from nemo_muon.recipes.systems import check_layout
 
 from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.secret_policy import mask_env
 
 
 def build_recipe(name: str, overrides: Sequence[str] = ()) -> TrainingRecipe:

@@ -1,6 +1,6 @@
 """Kimi K2 (1T MoE, MLA, 384 experts top-8) on 256 GB300: the Megatron-Bridge 26.02 perf configuration.
 
-TP1 PP4 VP4 CP1 EP64, GBS 4096, MBS 2, seq 4096, MXFP8 and Muon by default (numbers in `systems.BRIDGE_PERF_LAYOUTS`,
+TP1 PP4 VP4 CP1 EP64, GBS 4096, MBS 2, seq 4096, MXFP8 and Muon by default (numbers in `nemo_muon/megatron/bridge_presets.py`,
 architecture in `nemo_muon.models.specs.KIMI_K2`). Other systems: `bridge_perf_recipe(..., gpu=..., num_gpus=...)`.
 """
 
@@ -65,7 +65,7 @@ def kimi_k2_muon_qk_clip() -> TrainingRecipe:
     return _kimi_k2("kimi_k2_muon_qk_clip", "muon").replace(qk_clip=True)
 
 
-# --- other systems: Bridge's perf presets for them (systems.BRIDGE_PERF_LAYOUTS) ---
+# --- other systems: Bridge's perf presets for them (megatron/bridge_presets.py) ---
 
 
 @recipe

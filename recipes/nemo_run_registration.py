@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import nemo_run as run
-from nemo_muon.launchers.secrets import is_secret_name, is_secret_value, override_refusal
 from nemo_muon.recipes import list_recipes
 from nemo_muon.recipes.execute import build_recipe, describe, pretrain_recipe
 from nemo_muon.recipes.overrides import check_secret_overrides
 from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, catalogue
 from nemo_run.config import get_type_namespace
+
+from nemo_muon.secret_policy import is_secret_name, is_secret_value, override_refusal
 
 ENTRY_POINT_GROUP = "nemo_run.cli"
 OWN_MODULE_PREFIX = "nemo_muon."
@@ -84,7 +85,7 @@ _DICT_KEY = re.compile(r"""['"]?([A-Za-z_][A-Za-z0-9_]*)['"]?\s*[:=]""")
 
 
 def check_cli_secrets(passthrough: list[str], overrides: list[str]) -> None:
-    """Refuse secrets on the command line (nemo_muon.launchers.secrets' policy, the message `nemo-muon launch`
+    """Refuse secrets on the command line (the policy of nemo_muon.secret_policy, the message `nemo-muon launch`
     gives): recipe overrides such as ``env.HF_TOKEN=...``, and NeMo-Run arguments that set one
     (``run.executor.env_vars={'HF_TOKEN': ...}``) or carry a credential (``scheme://user:password@host``)."""
     check_secret_overrides(overrides)

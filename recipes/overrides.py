@@ -6,7 +6,7 @@ Keys (NeMo's section names are accepted as aliases: ``optim`` = ``optimizer``, `
   precision, checkpoint, logging (``optim.lr=3e-4``, ``trainer.max_steps=100``, ``model.num_layers=2``);
 * ``<field>=value`` for the recipe's own fields (``backend=torch``, ``qk_clip=true``, ``layerwise=false``);
 * ``env.<NAME>=value`` sets an environment variable of the run (never a secret: an override naming or carrying one,
-  ``env.HF_TOKEN=...``, ``env.DB_URL=postgres://u:pw@h/db``, is refused by `nemo_muon.launchers.secrets`'s policy:
+  ``env.HF_TOKEN=...``, ``env.DB_URL=postgres://u:pw@h/db``, is refused by `nemo_muon.secret_policy`'s policy:
   export the variable and pass it by name);
 * ``optimizer=muon|adamw|soap`` switches the optimizer to that kind's defaults, keeping lr and weight_decay;
   ``model=<name>`` picks another model spec from `nemo_muon.models.specs.MODEL_SPECS`.
@@ -25,12 +25,11 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from nemo_muon.launchers.secrets import check_override
-
 from nemo_muon._validation import check_choice
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.specs import MODEL_SPECS
+from nemo_muon.secret_policy import check_override
 
 SECTION_ALIASES: dict[str, str] = {"optim": "optimizer", "log": "logging"}
 SECTIONS: tuple[str, ...] = (

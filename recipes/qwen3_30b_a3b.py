@@ -1,6 +1,6 @@
 """Qwen3-30B-A3B (128 experts top-8, GQA) on 8 GB300: the Megatron-Bridge 26.02 perf configuration.
 
-TP1 PP1 EP8, GBS 512, MBS 8, seq 4096, MXFP8 (numbers in `systems.BRIDGE_PERF_LAYOUTS`, architecture in
+TP1 PP1 EP8, GBS 512, MBS 8, seq 4096, MXFP8 (numbers in `nemo_muon/megatron/bridge_presets.py`, architecture in
 `nemo_muon.models.specs.QWEN3_30B_A3B`). NVIDIA ships AdamW only for this model; the Muon and SOAP variants are ours.
 """
 
@@ -47,7 +47,7 @@ def qwen3_30b_a3b_adamw_bf16() -> TrainingRecipe:
     return _qwen3_30b_a3b("qwen3_30b_a3b_adamw_bf16", "adamw", precision="bf16")
 
 
-# --- other systems: Bridge's perf presets for them (systems.BRIDGE_PERF_LAYOUTS); Hopper has no MXFP8 ---
+# --- other systems: Bridge's perf presets for them (megatron/bridge_presets.py); Hopper has no MXFP8 ---
 
 
 @recipe

@@ -11,10 +11,11 @@ import pytest
 from nemo_muon.recipes import get_recipe, list_recipes, recipe
 from nemo_muon.recipes.execute import build_recipe
 from nemo_muon.recipes.overrides import apply_overrides, check_override_keys, valid_keys
-from nemo_muon.recipes.systems import BRIDGE_PERF_LAYOUTS, bridge_perf_recipe
+from nemo_muon.recipes.systems import bridge_perf_recipe
 
 from nemo_muon.accounting.layout import LayoutError
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
+from nemo_muon.megatron.bridge_presets import BRIDGE_PERF_LAYOUTS
 from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
 
 # The NVIDIA blog / Megatron-Bridge 26.02 GB300 perf configurations (the numbers), written as the spec.

@@ -12,7 +12,11 @@ import pytest
 from click.testing import CliRunner
 from nemo_muon.launchers.cli import main
 from nemo_muon.launchers.run_recipe import LAUNCH_ENV_VAR, launch_record
-from nemo_muon.launchers.secrets import (
+from nemo_muon.recipes import get_recipe
+from nemo_muon.recipes.execute import describe
+from nemo_muon.recipes.overrides import apply_overrides
+
+from nemo_muon.secret_policy import (
     MASK,
     is_secret_name,
     is_secret_value,
@@ -22,9 +26,6 @@ from nemo_muon.launchers.secrets import (
     shown,
     split_secrets,
 )
-from nemo_muon.recipes import get_recipe
-from nemo_muon.recipes.execute import describe
-from nemo_muon.recipes.overrides import apply_overrides
 
 SECRET = "s3cr3t-VALUE-9f8e7d"
 DB_URL = f"postgres://trainer:{SECRET}@db.internal:5432/runs"

@@ -9,7 +9,7 @@ of Megatron-Core, Bridge or NeMo:
 * `bridge_hook`: Megatron-Bridge 0.3's optimizer setup building that engine;
 * `stack`: which installed stacks can build which optimizer;
 * `recipe_rules`: what the megatron backend refuses, checked when a recipe is built (torch-free);
-* `model_config`, `bridge`: Megatron-Bridge configs of the recipes;
+* `model_config`, `bridge`: Megatron-Bridge configs of the recipes; `bridge_presets`: Bridge's perf layouts as data;
 * `nemo2`: NeMo 2.7 optimizer modules and optimizer recipes (needs NeMo).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "build", "model_config", "nemo2", "optimizer_config",
+SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_presets", "build", "model_config", "nemo2", "optimizer_config",
                                "recipe_rules", "registration", "stack")
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from nemo_muon.config.optimizer import AdamWConfig
 from nemo_muon.config.recipe import ParallelismConfig, TrainingRecipe
+from nemo_muon.megatron.bridge_presets import BRIDGE_PERF_LAYOUTS
 from nemo_muon.megatron.optimizer_config import MegatronOptimizerSpec, ddp_flags, megatron_optimizer_spec
 
 BRIDGE_VERSION = "0.3.0"
@@ -227,7 +228,7 @@ def _perf_model_fields(recipe: TrainingRecipe, knobs: Any) -> dict[str, dict[str
 def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) -> dict[str, dict[str, Any]]:
     """ConfigContainer section -> {field: value} set on top of the Bridge base recipe (optimizer excluded).
 
-    ``bridge_knobs`` is the `recipes.systems.BridgePerfLayout` row of the recipe's (model, gpu), if any: then every
+    ``bridge_knobs`` is the `bridge_presets.BridgePerfLayout` row of the recipe's (model, gpu), if any: then every
     field Bridge's perf scripts set is included (`BRIDGE_PERF_*`), and ours win only where listed in
     `DELIBERATE_DIFFERENCES`.
     """
@@ -323,8 +324,6 @@ def config_container(recipe: TrainingRecipe) -> Any:
     names (`build_config_container` asks first; this is what it builds, and what the config tests validate)."""
     from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
     from megatron.bridge.training.mixed_precision import get_mixed_precision_config
-
-    from nemo_muon.recipes.systems import BRIDGE_PERF_LAYOUTS
 
     recipe.validate()
     module_name, fn_name = BRIDGE_BASE_RECIPES[recipe.model.name].split(":")

@@ -36,9 +36,9 @@ def _check_architecture(recipe: TrainingRecipe) -> None:
 def check_megatron_recipe(recipe: TrainingRecipe) -> None:
     """Raise a ValueError naming the field, the value and what is allowed for anything the megatron backend refuses."""
     from nemo_muon.megatron.bridge import bridge_field_overrides, bridge_optimizer_spec, bridge_recipe_kwargs
+    from nemo_muon.megatron.bridge_presets import BRIDGE_PERF_LAYOUTS
     from nemo_muon.megatron.optimizer_config import API_FIELDS, api_for_version
     from nemo_muon.megatron.stack import MCORE, check_recipe_stack, target_stack
-    from nemo_muon.recipes.systems import BRIDGE_PERF_LAYOUTS
 
     sys_ = recipe.system
     if sys_.gpu == "cpu":

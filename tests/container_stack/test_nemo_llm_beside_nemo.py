@@ -73,7 +73,7 @@ def test_our_factory_keeps_our_override_errors_and_stack_refusals(nemo_cli):
 
 
 def test_our_factory_refuses_secret_overrides_with_nemo_muon_launchs_message(nemo_cli):
-    from nemo_muon.launchers.secrets import override_refusal
+    from nemo_muon.secret_policy import override_refusal
 
     secret = "hf_" + "Sx9" * 12
     for args, key in [(["env.HF_TOKEN=" + secret, "--dryrun"], "env.HF_TOKEN"),
