@@ -2,7 +2,7 @@
 
 Facts are collected from this machine (``collect_facts``: Python, installed distributions, torch/CUDA/NCCL, GPUs,
 Triton, environment) and judged against the pinned versions of the container release in effect
-(``nemo_muon.versions.current_release()``: ``$NEMO_MUON_RELEASE`` or the default) by ``evaluate``.
+(``nemo_muon.versions.current_release()``: ``$NEMO_MUON_RELEASE`` or the default) by ``judge``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from nemo_muon.accounting.ns_choice import SYRK_CAPABILITIES
 from nemo_muon.secret_policy import MASK, is_secret
 
 STATUSES: tuple[str, ...] = ("ok", "warn", "fail")
@@ -26,8 +27,6 @@ DISTRIBUTIONS: tuple[str, ...] = ("torch", "transformer-engine", "megatron-core"
 KEY_ENV_PREFIXES: tuple[str, ...] = ("NCCL_", "NVTE_", "CUDA_", "TORCH_NCCL_", "PYTORCH_CUDA_ALLOC_CONF", "HF_",
                                      "WANDB_", "NEMO_MUON_", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
                                      "SLURM_JOB_ID", "OMP_NUM_THREADS")
-SYRK_CAPABILITIES: tuple[tuple[int, int], ...] = ((8, 0), (9, 0), (10, 0), (10, 3))
-"""SM versions emerging-optimizers' Triton SYRK kernel (tsyrk_ex) supports."""
 SYRK_MIN_TRITON = (3, 4)
 
 
@@ -105,7 +104,7 @@ def _release_numbers(v: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def evaluate(facts: Facts, release: Any, *, recipe_env: Mapping[str, str] | None = None) -> list[Check]:
+def judge(facts: Facts, release: Any, *, recipe_env: Mapping[str, str] | None = None) -> list[Check]:
     """Judge the facts against ``release`` (a nemo_muon.versions.ContainerRelease)."""
     from nemo_muon.versions import version_matches
 
@@ -219,7 +218,7 @@ def doctor(recipe: str | None, as_json: bool) -> None:
             raise click.UsageError(f"--recipe must be one of {tuple(list_recipes())}; got {recipe!r}")
         recipe_env = get_recipe(recipe).env
     facts = collect_facts()
-    checks = evaluate(facts, release, recipe_env=recipe_env)
+    checks = judge(facts, release, recipe_env=recipe_env)
     worst = max((STATUSES.index(c.status) for c in checks), default=0)
     if as_json:
         click.echo(json.dumps({"release": release.tag, "status": STATUSES[worst], "checks": [asdict(c) for c in checks],

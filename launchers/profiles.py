@@ -38,7 +38,7 @@ from nemo_muon.launchers.launch_input import parse_mount
 from nemo_muon.launchers.slurm import SAFE_VALUE, TIME_LIMIT
 
 from nemo_muon.config.limits import GPUS_PER_NODE
-from nemo_muon.secret_policy import MASK, is_secret_name, is_secret_value, shown
+from nemo_muon.secret_policy import MASK, is_secret_name, is_secret_value, shown_redacted
 
 EXECUTORS: tuple[str, ...] = ("local", "slurm", "docker")
 PROFILE_KEYS: tuple[str, ...] = ("executor", "system", "account", "partition", "time", "gpus_per_node", "image",
@@ -131,7 +131,7 @@ def profiles_path(explicit: str | Path | None = None) -> Path:
 
 
 def _err(path: Path, key: str, allowed: str, value: Any, *, masked: bool = False) -> ValueError:
-    got = MASK if masked else shown(value)
+    got = MASK if masked else shown_redacted(value)
     return ValueError(cut(f"{path}: {key} must be {allowed}; got {got}", MAX_MESSAGE))
 
 
@@ -192,6 +192,6 @@ def get_profile(name: str, path: str | Path | None = None) -> ClusterProfile:
     """One profile by name; ValueError lists the names the file has."""
     profiles = load_profiles(path)
     if name not in profiles:
-        raise ValueError(cut(f"--cluster must be one of {tuple(profiles)} (from {profiles_path(path)}); got {shown(name)}",
+        raise ValueError(cut(f"--cluster must be one of {tuple(profiles)} (from {profiles_path(path)}); got {shown_redacted(name)}",
                              MAX_MESSAGE))
     return profiles[name]

@@ -83,7 +83,7 @@ def redact(text: str) -> str:
     return _TOKEN_SHAPES.sub(MASK, _URL_PASSWORD.sub(lambda m: m["head"] + MASK, text))
 
 
-def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+def shown_redacted(value: Any, limit: int = SHOWN_CHARS) -> str:
     """What an error message may echo of a user value: its repr, credentials redacted, cut to ``limit`` chars."""
     try:
         text = redact(repr(value))

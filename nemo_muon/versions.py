@@ -271,7 +271,7 @@ def current_release() -> ContainerRelease:
     return get_release(tag)
 
 
-def markdown_table() -> str:
+def releases_markdown_table() -> str:
     """The releases as a markdown table (containers/README.md embeds it; a test keeps the two equal)."""
     cols = [("release", "tag"), ("Megatron-Bridge", "megatron_bridge"), ("Megatron-Core", "megatron_core"),
             ("TE", "transformer_engine"), ("NeMo", "nemo"), ("NeMo-Run", "nemo_run"), ("PyTorch", "pytorch"),
@@ -295,7 +295,7 @@ def _main(argv: Sequence[str]) -> int:
         if cmd == "list" and not rest:
             print("\n".join(list_releases()))
         elif cmd == "markdown" and not rest:
-            print(markdown_table(), end="")
+            print(releases_markdown_table(), end="")
         elif cmd in ("show", "extras", "image") and rest:
             rel = get_release(rest[0])
             if cmd == "image" and len(rest) == 1:

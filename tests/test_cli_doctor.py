@@ -7,7 +7,7 @@ import json
 
 from click.testing import CliRunner
 from nemo_muon.launchers.cli import main
-from nemo_muon.launchers.doctor import Facts, evaluate
+from nemo_muon.launchers.doctor import Facts, judge
 
 from nemo_muon.versions import get_release
 
@@ -68,7 +68,7 @@ def test_container_like_facts_warn_on_megatrons_own_optimizers_only() -> None:
     """NGC 26.02's Megatron-Core 0.16 with emerging-optimizers 0.3.0: Megatron's own Muon cannot be built and it has
     no SOAP; the default engine (nemo-muon's Muon and SOAP inside Megatron's layer-wise optimizer) uses neither, so
     both are warnings naming the engine, not failures."""
-    checks = evaluate(_facts(), get_release("26.02"))
+    checks = judge(_facts(), get_release("26.02"))
     assert {c.name: c.status for c in checks if c.status != "ok"} == {
         "stack:mcore016-muon-emerging-optimizers": "warn", "stack:mcore-soap": "warn"}
     muon = next(c for c in checks if c.name == "stack:mcore016-muon-emerging-optimizers")
@@ -76,20 +76,20 @@ def test_container_like_facts_warn_on_megatrons_own_optimizers_only() -> None:
     assert muon.detail.startswith("muon with engine 'megatron' cannot run") and "engine=nemo_muon" in muon.fix
     facts = _facts()
     facts.distributions["nemo-toolkit"], facts.distributions["megatron-core"] = "2.7.0", "0.19.2"  # a real failure
-    assert {c.name: c.status for c in evaluate(facts, get_release("26.02"))
+    assert {c.name: c.status for c in judge(facts, get_release("26.02"))
             if c.name.startswith("stack")} == {"stack:nemo27-mcore019": "fail"}
     assert next(c for c in checks if c.name == "gpus").detail == "4 x NVIDIA GB300"
     facts = _facts()
     facts.distributions["megatron-core"], facts.distributions["nemo-toolkit"] = "0.19.2", None  # NGC 26.06: no NeMo 2.7
-    assert all(c.status == "ok" for c in evaluate(facts, get_release("26.06")) if c.name.startswith("stack"))
+    assert all(c.status == "ok" for c in judge(facts, get_release("26.06")) if c.name.startswith("stack"))
 
 
 def test_old_python_missing_torch_and_unsupported_syrk_gpu_are_flagged() -> None:
     facts = _facts(python="3.11.9", gpus=[{"name": "T4", "capability": [7, 5], "memory_gb": 15.0}])
     facts.distributions["torch"] = None
     facts.distributions["triton"] = "3.2.0"
-    status = {c.name: c.status for c in evaluate(facts, get_release("26.02"))}
+    status = {c.name: c.status for c in judge(facts, get_release("26.02"))}
     assert status["python"] == "fail" and status["torch"] == "fail" and status["triton/syrk"] == "warn"
     facts = _facts(gpus=[{"name": "T4", "capability": [7, 5], "memory_gb": 15.0}])
-    syrk = next(c for c in evaluate(facts, get_release("26.02")) if c.name == "triton/syrk")
+    syrk = next(c for c in judge(facts, get_release("26.02")) if c.name == "triton/syrk")
     assert syrk.status == "warn" and "(7, 5)" in syrk.detail

@@ -19,7 +19,7 @@ import pytest
 from nemo_muon.recipes import environment as recipe_env
 from nemo_muon.recipes import get_recipe, list_recipes
 
-from nemo_muon.versions import BASE_OWNED_DISTRIBUTIONS, DEFAULT_RELEASE, get_release, markdown_table
+from nemo_muon.versions import BASE_OWNED_DISTRIBUTIONS, DEFAULT_RELEASE, get_release, releases_markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -151,7 +151,7 @@ def test_readme_release_table_is_the_versions_table():
     text = (ROOT / "containers" / "README.md").read_text()
     begin, end = "<!-- versions-table:begin -->\n", "<!-- versions-table:end -->"
     assert begin in text and end in text
-    assert text.split(begin, 1)[1].split(end, 1)[0] == markdown_table()
+    assert text.split(begin, 1)[1].split(end, 1)[0] == releases_markdown_table()
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from nemo_muon.secret_policy import (
     mask_env,
     override_refusal,
     redact,
-    shown,
+    shown_redacted,
     split_secrets,
 )
 
@@ -72,7 +72,7 @@ def test_ordinary_names_are_not_secrets(name: str) -> None:
 @pytest.mark.parametrize("value", SECRET_VALUES)
 def test_values_carrying_credentials_are_secrets_and_redacted(value: str) -> None:
     assert is_secret_value(value)
-    assert MASK in redact(f"got {value}!") and MASK in shown(value)
+    assert MASK in redact(f"got {value}!") and MASK in shown_redacted(value)
 
 
 @pytest.mark.parametrize("value", ORDINARY_VALUES)
@@ -82,7 +82,7 @@ def test_ordinary_values_are_not_secrets(value: str) -> None:
 
 def test_masking_keeps_the_url_and_cuts_long_values() -> None:
     assert redact(DB_URL) == "postgres://trainer:****@db.internal:5432/runs"
-    long = shown("x" * 5000)
+    long = shown_redacted("x" * 5000)
     assert len(long) < 200 and long.endswith("(5002 chars)")
     env = {"DB_URL": DB_URL, "HF_TOKEN": SECRET, "NCCL_DEBUG": "WARN"}
     assert mask_env(env) == {"DB_URL": MASK, "HF_TOKEN": MASK, "NCCL_DEBUG": "WARN"}

@@ -15,12 +15,12 @@ from dataclasses import asdict
 
 def main() -> int:
     import torch
-    from nemo_muon.launchers.doctor import collect_facts, evaluate
+    from nemo_muon.launchers.doctor import collect_facts, judge
 
     from nemo_muon.versions import current_release
 
     facts = collect_facts()
-    checks = {c.name: c for c in evaluate(facts, current_release())}
+    checks = {c.name: c for c in judge(facts, current_release())}
     problems = []
     if not facts.cuda_available or len(facts.gpus) != torch.cuda.device_count():
         problems.append(f"expected {torch.cuda.device_count()} GPUs in facts; got {facts.gpus}")

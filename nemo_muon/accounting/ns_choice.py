@@ -21,6 +21,9 @@ from typing import Any
 
 from nemo_muon.accounting.ns_count import ns_flop_terms
 
+SYRK_CAPABILITIES: tuple[tuple[int, int], ...] = ((8, 0), (9, 0), (10, 0), (10, 3))
+"""GPU architectures emerging-optimizers validates its Triton SYRK kernel (``tsyrk_ex``) on (A100, H100/H200,
+B200/GB200, B300/GB300): ``nemo_muon.optim.ns_kernels`` uses it there only, ``nemo-muon doctor`` reports it."""
 GRAM_MIN_ASPECT = 2.0
 """Use Gram NS when the long side is at least this many times the short side."""
 

@@ -28,10 +28,11 @@ import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_positive_int
 from nemo_muon.accounting.ns_choice import DEFAULT_TP_COST, TPCostModel, choose_algorithm, choose_tp_mode
+from nemo_muon.accounting.ns_count import NS_ALGORITHMS
 from nemo_muon.config.optimizer import NS_PRECISIONS as PRECISIONS
 from nemo_muon.config.optimizer import TP_MODES
 from nemo_muon.optim.coefficients import COEFFICIENT_SETS, coefficient_schedule
-from nemo_muon.optim.ns_kernels import ALGORITHMS, ns_program, run_programs
+from nemo_muon.optim.ns_kernels import ns_program, run_programs
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ def newton_schulz_many(
     check_choice("coefficients", coefficients, COEFFICIENT_SETS)
     check_choice("tp_mode", tp_mode, TP_MODES)
     check_choice("precision", precision, PRECISIONS)
-    check_choice("algorithm", algorithm, ("auto", *ALGORITHMS))
+    check_choice("algorithm", algorithm, ("auto", *NS_ALGORITHMS))
     xs = list(xs)
     dims = list(partition_dims) if isinstance(partition_dims, (list, tuple)) else [partition_dims] * len(xs)
     if len(dims) != len(xs):

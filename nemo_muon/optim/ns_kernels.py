@@ -25,8 +25,9 @@ from collections.abc import Callable, Generator, Sequence
 
 import torch
 
+from nemo_muon.accounting.ns_choice import SYRK_CAPABILITIES
+
 Program = Generator[torch.Tensor, torch.Tensor, torch.Tensor]
-ALGORITHMS: tuple[str, ...] = ("standard", "gram")
 BF16_RESTART_AFTER = 2
 """In bf16 Gram NS, rebuild X and its Gram matrix after this many steps (then every this many)."""
 
@@ -94,8 +95,6 @@ def gram_small_dtype(compute_dtype: torch.dtype, device: torch.device) -> torch.
     return torch.float32 if compute_dtype == torch.float32 or device.type == "cpu" else compute_dtype
 
 
-SYRK_CAPABILITIES = ((8, 0), (9, 0), (10, 0), (10, 3))
-"""GPU architectures emerging-optimizers validates its Triton SYRK kernel on (A100, H100/H200, B200/GB200, B300/GB300)."""
 SYRK_ALIGNMENT = 8
 """``tsyrk_ex`` reads and writes through TMA tensor descriptors, whose strides must be 16-byte aligned: both dimensions
 of the bf16 input (and so of the Gram matrix) must be multiples of 8 elements."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from nemo_muon.optim.routing import ADAMW, ALGORITHMS, FusedLayout, MatrixRule, Route, resolve_layouts, route_param
+from nemo_muon.optim.routing import ADAMW, ROUTE_NAMES, FusedLayout, MatrixRule, Route, resolve_layouts, route_param
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -103,9 +103,9 @@ class RoutedOptimizer(torch.optim.Optimizer):
             self.param_groups.pop()
             raise ValueError(f"param_groups[{len(self.param_groups)}]: {err}") from None
         forced = group.get("algorithm")
-        if forced is not None and forced not in ALGORITHMS:
+        if forced is not None and forced not in ROUTE_NAMES:
             raise ValueError(f"param_groups[{len(self.param_groups) - 1}]['algorithm'] must be one of "
-                             f"{ALGORITHMS}; got {forced!r}")
+                             f"{ROUTE_NAMES}; got {forced!r}")
         lr, adamw_lr = group["lr"], group["adamw_lr"]
         group["adamw_lr_ratio"] = 1.0 if adamw_lr is None else float(adamw_lr) / float(lr)
         names = group.get("param_names") or [None] * len(group["params"])

@@ -34,7 +34,7 @@ from typing import Any
 from nemo_muon._validation import check_positive_int
 
 MATRIX, ADAMW = "matrix", "adamw"
-ALGORITHMS: tuple[str, ...] = (MATRIX, ADAMW)
+ROUTE_NAMES: tuple[str, ...] = (MATRIX, ADAMW)
 EMBEDDING_SEGMENTS: frozenset[str] = frozenset({"embed_tokens", "word_embeddings", "embeddings", "embedding", "wte",
                                                 "wpe", "tok_embeddings", "position_embeddings"})
 HEAD_SEGMENTS: frozenset[str] = frozenset({"lm_head", "output_layer"})
@@ -145,8 +145,8 @@ def route_param(
         algorithm = matrix_rule(name, tuple(shape))
     if algorithm is None:
         algorithm = default_matrix_rule(name, shape)
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"routing of parameter {label!r} must be one of {ALGORITHMS}; got {algorithm!r}")
+    if algorithm not in ROUTE_NAMES:
+        raise ValueError(f"routing of parameter {label!r} must be one of {ROUTE_NAMES}; got {algorithm!r}")
     if algorithm == MATRIX and len(shape) not in (2, 3):
         raise ValueError(f"parameter {label!r} with shape {tuple(shape)} cannot take the matrix update "
                          "(allowed: 2-D matrices and 3-D expert stacks)")

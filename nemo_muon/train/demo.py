@@ -17,15 +17,15 @@ from typing import Any
 
 from nemo_muon.config.recipe import TrainingRecipe
 
-FAMILIES = ("kimi_k2", "qwen3_moe")
+DEMO_FAMILIES = ("kimi_k2", "qwen3_moe")
 
 
 def demo_recipes(family: str, *, steps: int | None, runs_root: str, stamp: str) -> list[TrainingRecipe]:
     """The Muon and AdamW recipes of the demo, named ``<recipe>-<stamp>`` under ``runs_root``."""
     from nemo_muon.recipes import get_recipe
 
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")
+    if family not in DEMO_FAMILIES:
+        raise ValueError(f"family must be one of {DEMO_FAMILIES}; got {family!r}")
     recipes = []
     for opt in ("muon", "adamw"):
         r = get_recipe(f"tiny_{family}_{opt}")
@@ -73,7 +73,7 @@ def run_demo(family: str = "kimi_k2", *, steps: int | None = None, runs_root: st
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nemo_muon.train.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--family", choices=FAMILIES, default="kimi_k2", help="model family (default kimi_k2)")
+    parser.add_argument("--family", choices=DEMO_FAMILIES, default="kimi_k2", help="model family (default kimi_k2)")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the recipe's)")
     parser.add_argument("--runs-root", default="runs", help="where run folders go (default runs/)")
     parser.add_argument("--reports-root", default="reports", help="where the report goes (default reports/)")
