@@ -8,10 +8,10 @@ without a shell, so no value is ever interpreted.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from nemo_muon.config.limits import ENV_NAME
+
 NGC_RUN_FLAGS: tuple[str, ...] = ("--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864")
 
 
@@ -32,11 +32,11 @@ def docker_argv(*, image: str, command: Sequence[str], mounts: Sequence[str] = (
     for m in mounts:
         argv += ["-v", m]
     for k, v in (env or {}).items():
-        if not _ENV_NAME.match(k):
+        if not ENV_NAME.match(k):
             raise ValueError(f"environment variable name must match [A-Za-z_][A-Za-z0-9_]*; got {k!r}")
         argv += ["-e", f"{k}={v}"]
     for k in forwarded_env:
-        if not _ENV_NAME.match(k):
+        if not ENV_NAME.match(k):
             raise ValueError(f"environment variable name must match [A-Za-z_][A-Za-z0-9_]*; got {k!r}")
         argv += ["-e", k]
     if workdir:

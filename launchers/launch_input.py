@@ -1,12 +1,13 @@
 """Checks of single launch options shared by the launch plan (``job``) and the cluster profiles (``profiles``):
-``LaunchError`` and the ``--mount`` / ``--env`` parsers. Torch-free; imports nothing of nemo_muon.
+``LaunchError`` and the ``--mount`` / ``--env`` parsers. Torch-free.
 """
 
 from __future__ import annotations
 
 import re
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from nemo_muon.config.limits import ENV_NAME
+
 _MOUNT_PART = re.compile(r"^/[^,:\s]*$")
 _MOUNT_FLAGS = ("ro", "rw")
 
@@ -32,7 +33,7 @@ def parse_env(items: list[str], environ: dict[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not _ENV_NAME.match(name):
+        if not ENV_NAME.match(name):
             raise LaunchError(f"--env must be NAME=value or NAME with NAME matching [A-Za-z_][A-Za-z0-9_]*; "
                               f"got {item!r}")
         if not sep:

@@ -37,7 +37,7 @@ from nemo_muon.launchers.bounded_yaml import MAX_MESSAGE, cut, load_yaml_file
 from nemo_muon.launchers.launch_input import parse_mount
 from nemo_muon.launchers.slurm import SAFE_VALUE, TIME_LIMIT
 
-from nemo_muon.config.limits import GPUS_PER_NODE
+from nemo_muon.config.limits import ENV_NAME, GPUS_PER_NODE
 from nemo_muon.secret_policy import MASK, is_secret_name, is_secret_value, shown_redacted
 
 EXECUTORS: tuple[str, ...] = ("local", "slurm", "docker")
@@ -49,7 +49,6 @@ MAX_GPUS_PER_NODE = 256
 """Upper bound of gpus_per_node when the profile names no GPU system (training processes per node on gpu=cpu
 recipes; the recipe's own check, system.gpus_per_node, has the same bound)."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _IMAGE = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_.:/@#+-]*")
 _MOUNT = "'SRC:DST' or 'SRC:DST:ro|rw' with absolute paths (no ',' or whitespace)"
 _STRING_RULES: dict[str, tuple[re.Pattern[str], str]] = {
@@ -117,7 +116,7 @@ class ClusterProfile:
         if not isinstance(self.env, dict):
             raise self._fail("env", "a mapping of NAME: value (strings or numbers)", self.env)
         for key, value in self.env.items():
-            if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
                 raise self._fail("env name", "an environment variable name [A-Za-z_][A-Za-z0-9_]*", key)
             if not isinstance(value, str) or "\0" in value:
                 raise self._fail(f"env.{key}", "a string or a finite number (no NUL characters)", value,

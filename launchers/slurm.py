@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nemo_muon.config.limits import ENV_NAME
+
 NVL72_MAX_NODES = 18
 """Nodes of 4 GPUs in one NVL72 rack (72 GPUs)."""
 RACK_SYSTEMS: tuple[str, ...] = ("gb200", "gb300")
@@ -34,7 +36,6 @@ SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:@+\-/]+$")
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_.:@+\-/%]*$")
 TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 """A Slurm time limit: [D-]HH:MM:SS, MM, MM:SS, D-HH..."""
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def segment_size(num_nodes: int) -> int:
@@ -95,7 +96,7 @@ class SlurmJob:
         if self.dependency is not None and not re.match(r"^[a-z]+:\d+(:\d+)*$", self.dependency):
             raise ValueError(f"slurm dependency must look like 'afterany:123'; got {self.dependency!r}")
         for name in [*self.env, *self.forwarded_env]:
-            if not _ENV_NAME.match(name):
+            if not ENV_NAME.match(name):
                 raise ValueError(f"environment variable name must match [A-Za-z_][A-Za-z0-9_]*; got {name!r}")
 
     @property

@@ -19,13 +19,13 @@ Values are converted by the field's type (bool: true/false/1/0/yes/no; tuples: `
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from nemo_muon._validation import check_choice
+from nemo_muon.config.limits import ENV_NAME
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.specs import MODEL_SPECS
@@ -38,7 +38,6 @@ SECTIONS: tuple[str, ...] = (
 )
 TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "backend", "layerwise", "qk_clip", "qk_clip_threshold", "qk_clip_alpha")
 OPTIMIZER_KINDS: dict[str, type] = {"muon": MuonConfig, "adamw": AdamWConfig, "soap": SoapConfig}
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
@@ -71,7 +70,7 @@ def _canonical(key: str, recipe: TrainingRecipe) -> tuple[str, str | None]:
         check_choice("override key", head, (*TOP_LEVEL_KEYS, "optimizer", "model", *SECTION_ALIASES))
         return head, None
     if head == "env":
-        if not _ENV_NAME.match(field):
+        if not ENV_NAME.match(field):
             raise ValueError(f"override key env.<NAME> must name an environment variable [A-Za-z_][A-Za-z0-9_]*; "
                              f"got {key!r}")
         return head, field

@@ -10,6 +10,8 @@ import re
 
 from nemo_muon._validation import shown
 
+ENV_NAME: re.Pattern[str] = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+"""An environment variable name (recipe ``env`` keys, ``--env``, cluster profiles, Slurm and docker exports)."""
 GPUS_PER_NODE: dict[str, int] = {"gb300": 4, "gb200": 4, "b200": 8, "h200": 8, "h100": 8}
 """GPUs per node (GB200/GB300: 4 per compute tray of an NVL72 rack; HGX boxes: 8): a node has no more."""
 MAX_CPU_PROCESSES_PER_NODE = 256
