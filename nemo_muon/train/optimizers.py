@@ -1,9 +1,10 @@
 """The training loop's view of an optimizer: reduce gradients over data parallelism, clip, step.
 
 `build_training_optimizer` runs every optimizer of a recipe (Muon, SOAP and the AdamW baseline) through
-`nemo_muon.layerwise.LayerWiseDistributedOptimizer`: each DP rank owns whole tensors, gradients are
-reduce-scattered to their owners, owners update, updated tensors are all-gathered (overlapped with the next
-forward). At DP 1 the same engine runs without communication, so there is one optimizer state format and one
+`nemo_muon.layerwise.LayerWiseDistributedOptimizer`: each DP rank owns whole tensors and updates them; with the
+engine's ``collectives="auto"``, on gloo gradients are all-reduced and each owner broadcasts its updated tensors, on
+NCCL gradients are reduce-scattered to their owners and updated tensors all-gathered (overlapped with the next
+forward either way). At DP 1 the same engine runs without communication, so there is one optimizer state format and one
 checkpoint path (`nemo_muon.layerwise.checkpoint`, with ``engine``) at every DP size.
 """
 
