@@ -1,7 +1,7 @@
 """FLOPs of one training step of a recipe, from `nemo_muon.accounting` (model FLOPs and Newton–Schulz FLOPs).
 
 Model FLOPs follow Megatron's convention (`accounting.model_flops`); NS FLOPs are Muon's useful orthogonalization
-work (`accounting.ns_flops`, every hidden matrix once, split as the optimizer splits fused gate/up and QKV).
+work (`accounting.ns_count.ns_flops`, every hidden matrix once, split as the optimizer splits fused gate/up and QKV).
 Optimizers without Newton–Schulz (AdamW, SOAP) have ns_flops = 0.
 """
 
