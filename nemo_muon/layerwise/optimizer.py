@@ -1,9 +1,11 @@
 """Layer-wise distributed optimizer: each data-parallel rank updates whole tensors it owns, then shares them.
 
-Per step: grads are reduce-scattered to their owners (even-sized owner buckets, any backend), owners run the inner
-optimizer (Muon / SOAP / AdamW) on fp32 master copies of the tensors they own, and the updated tensors are
-all-gathered back; with ``overlap_param_gather`` the gather runs asynchronously and each module waits for its own
-tensors in a forward pre-hook, so it hides in the next forward. Ownership comes from `nemo_muon.accounting.ownership`
+Per step: grads are reduced to their owners (even-sized owner buckets, any backend), owners run the inner optimizer
+(Muon / SOAP / AdamW) on fp32 master copies of the tensors they own, and the updated tensors are shared back. With
+``collectives="reduce_scatter"`` (what ``auto`` picks except on gloo) that is a reduce-scatter and an all-gather; with
+``"all_reduce"`` (``auto`` on gloo) an all-reduce and one broadcast per owner. With ``overlap_param_gather`` the sharing
+runs asynchronously and each module waits for its own tensors in a forward pre-hook, so it hides in the next
+forward. Ownership comes from `nemo_muon.accounting.ownership`
 (LPT over preconditioner FLOPs, then bytes), computed identically on every rank. See docs/layerwise.md.
 """
 
@@ -22,6 +24,7 @@ from nemo_muon.accounting.ownership import METHODS, OwnershipPlan, PlanItem, ns_
 from nemo_muon.config.optimizer import NONFINITE_POLICIES
 from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket, build_buckets, resolve_collectives
 from nemo_muon.layerwise.grad_hooks import GradReduceHooks
+from nemo_muon.optim.routed import place_state_value
 
 NamedParams = Sequence[tuple[str, torch.nn.Parameter]]
 OptimizerFactory = Callable[[NamedParams], torch.optim.Optimizer]
@@ -58,8 +61,11 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
 
     ``optimizer`` is a config (`MuonConfig`, `SoapConfig`, `AdamWConfig`) or a factory ``named_params -> Optimizer``.
     Expert tensors (``is_expert(name)``) are owned and reduced within ``expert_dp_group`` (a subgroup of
-    ``dp_group``) when one is given. ``param_groups[0]['lr']`` scales every inner learning rate (LR schedulers
-    work on this object). ``dp_group=None`` runs locally with no communication.
+    ``dp_group``) when one is given. ``param_groups[0]['lr']`` is the absolute learning rate applied at the next
+    step (an LR scheduler drives it, in torch's idiom): the inner optimizer's groups get it, each times its own
+    ratio to the reference rate at construction (the config's ``lr``; for a factory, the largest group lr of the
+    inner optimizers, agreed over ``dp_group``), so a single-rate inner optimizer applies exactly this rate and
+    Muon's AdamW part keeps its ``adamw_lr`` ratio. ``dp_group=None`` runs locally with no communication.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, *, dp_group: dist.ProcessGroup | None,
@@ -86,9 +92,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         self.names = [n for n, _ in named]
         self._param_of = dict(named)
         self.comm_device = named[0][1].device  # of the scalars all-reduced in global checks (NCCL: no CPU tensors)
-        base_lr = float(getattr(optimizer, "lr", 1.0))
-        super().__init__([p for _, p in named], {"lr": base_lr})
-        self._base_lr = base_lr
+        super().__init__([p for _, p in named], {"lr": float(getattr(optimizer, "lr", 0.0))})  # factory: set below
         categories: list[tuple[NamedParams, dist.ProcessGroup | None, str]] = [(named, dp_group, "dp_group")]
         if expert_dp_group is not None:
             experts = [(n, p) for n, p in named if is_expert(n)]
@@ -119,6 +123,8 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
             self.masters[n] = torch.nn.Parameter(p.detach().float().clone()) if use_master else p
         self.inner = self._build_inner(optimizer, [(n, self.masters[n]) for n in self.owned_names])
         self._inner_base_lrs = [g["lr"] for g in self.inner.param_groups] if self.inner is not None else []
+        self._reference_lr = self._agreed_reference_lr(optimizer)
+        self.param_groups[0]["lr"] = self._reference_lr
         self._reduced = False
         self._clip_coef = 1.0
         self._hooks = self._register_hooks(model) if overlap_param_gather else []
@@ -155,6 +161,19 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
                 waits = list(mine.values())
                 hooks.append(module.register_forward_pre_hook(lambda _m, _a, waits=waits: _finish(waits)))
         return hooks
+
+    def _agreed_reference_lr(self, optimizer: Any) -> float:
+        """The rate ``param_groups[0]['lr']`` starts at and the inner rates are ratios to: a config's ``lr``; for a
+        factory the largest initial group lr of the inner optimizers of all ranks (one all-reduce: a rank that
+        owns nothing has no inner optimizer to read)."""
+        if hasattr(optimizer, "optimizer_kwargs"):
+            return float(optimizer.lr)
+        local = torch.tensor(max(self._inner_base_lrs, default=-math.inf), dtype=torch.float64,
+                             device=self.comm_device)
+        agreed = float(self._all_reduce(local, dist.ReduceOp.MAX))
+        if not math.isfinite(agreed) or agreed <= 0:
+            raise fail("optimizer", optimizer, "a factory whose optimizer has a positive, finite lr on some rank")
+        return agreed
 
     # ------------------------------------------------------------------ the step
     def finish_param_gather(self) -> None:
@@ -218,13 +237,12 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         return norm
 
     def _all_finite(self) -> bool:
+        """True when no rank has a non-finite gradient: the checks stay on the device, one host read in all."""
         if self._flats_are_global():  # NaN/Inf survive the sum: every rank sees them in its reduced buffers
-            return all(bool(torch.isfinite(b.flat).all()) for b in self.buckets)
-        bad = torch.zeros((), dtype=torch.float32, device=self.comm_device)
-        for g in self._owned_grads():
-            if not torch.isfinite(g).all():
-                bad.fill_(1.0)
-                break
+            flags = [torch.isfinite(b.flat).all() for b in self.buckets]
+            return bool(torch.stack(flags).all()) if flags else True
+        flags = [torch.isfinite(g).all().to(self.comm_device) for g in self._owned_grads()]
+        bad = (~torch.stack(flags).all()).float() if flags else torch.zeros((), device=self.comm_device)
         return self._all_reduce(bad, dist.ReduceOp.MAX).item() == 0.0
 
     @torch.no_grad()
@@ -243,9 +261,9 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
                 m.grad = None
             return
         if self.inner is not None:
-            scale = self.param_groups[0]["lr"] / self._base_lr
+            lr = self.param_groups[0]["lr"]
             for g, base in zip(self.inner.param_groups, self._inner_base_lrs, strict=True):
-                g["lr"] = base * scale
+                g["lr"] = lr * (base / self._reference_lr)  # exactly lr for a group at the reference rate
             if hasattr(self.inner, "report_nonfinite"):  # nemo_muon optimizers: we checked globally above
                 self.inner.step(skip_nonfinite_check=True)
             else:
@@ -337,8 +355,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
                     master.copy_(src)
                 if self.inner is not None:
                     st = state_dict["state"][n]
-                    self.inner.state[master] = {k: (v.clone().to(master.device) if torch.is_tensor(v) else v)
-                                                for k, v in st.items()}
+                    self.inner.state[master] = {k: place_state_value(k, v, master.device) for k, v in st.items()}
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
         self.param_groups[0]["lr"] = state_dict["lr"]
         if state_dict.get("initial_lr") is not None:

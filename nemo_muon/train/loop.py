@@ -3,8 +3,10 @@
 Per optimizer step: the global batch (``trainer.global_batch_size`` windows, chosen by `TokenData` from the seed
 and the step) is split evenly over the DP ranks and, within a rank, into micro-batches of
 ``trainer.micro_batch_size`` (gradient accumulation). The loss is the mean token cross-entropy of the whole
-global batch, so the update does not depend on the DP size. Then the learning rate is set from the schedule and
-the training optimizer reduces, clips and steps. Rank 0 logs metrics (JSONL schema in docs/ARCHITECTURE.md),
+global batch, so the update does not depend on the DP size; the loss is summed on the device and read once per
+step. The training optimizer reduces, clips and steps at the rate on its param groups, which one torch LR scheduler
+(`nemo_muon.train.schedule.build_lr_scheduler`, positioned at the first step of this run) owns and advances after
+each step. Rank 0 logs metrics (JSONL schema in docs/ARCHITECTURE.md) with the rate read back from the param groups,
 prints a progress line, validates every ``trainer.eval_interval`` steps and at the end, and checkpoints.
 
 Checkpoints are `nemo_muon.layerwise.checkpoint`'s (atomic, never overwritten, loadable at any DP size, verified
@@ -36,7 +38,7 @@ from nemo_muon.train.flops import StepFlops, step_flops
 from nemo_muon.train.metrics import METRICS_FILE, MetricsWriter, Stopwatch, progress_line
 from nemo_muon.train.optimizers import StepResult, TrainingOptimizer, build_training_optimizer
 from nemo_muon.train.refusals import RunRefused, TrainingDiverged
-from nemo_muon.train.schedule import lr_multiplier
+from nemo_muon.train.schedule import build_lr_scheduler
 from nemo_muon.train.state import ResumePoint, restore_training_state, training_state
 
 TORCH_PRECISIONS = ("fp32", "bf16")
@@ -145,7 +147,8 @@ def evaluate(model: torch.nn.Module, data: TokenData, recipe: TrainingRecipe, gr
     total = torch.zeros(2, dtype=torch.float64, device=device)
     for start in range(0, len(mine), t.micro_batch_size):
         loss, n = _loss_sum(model, data.batch(mine[start: start + t.micro_batch_size]), recipe.precision.kind)
-        total += torch.tensor([float(loss), n], dtype=torch.float64, device=device)
+        total[0] += loss.double()  # summed on the device: one host read at the end, not one per micro-batch
+        total[1] += n
     if group is not None:
         dist.all_reduce(total, group=group)
     model.train(was_training)
@@ -221,11 +224,13 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
     model = build_model(recipe.model, seed=t.seed).to(device)
     model.train()
     opt: TrainingOptimizer = build_training_optimizer(recipe, model, group=group)
-    for g in opt.param_groups:
-        g.setdefault("peak_lr", g["lr"])
 
     resume = resume_or_check_fresh(recipe, ckpt_root, model, opt, data, group)
     start_step = resume.step if resume else 0
+    # the one owner of the rate: absolute rates on the param groups, from the schedule at this run's first step (a
+    # checkpoint saved after step k holds the rate of step k, so on a resume this agrees with the restored groups)
+    scheduler = build_lr_scheduler(opt.engine, recipe.scheduler, t.max_steps, peak_lr=recipe.optimizer.lr,
+                                   start_step=start_step)
     elapsed_before = resume.elapsed_s if resume else 0.0  # metrics time continues over the resume
     resumed_from = resume.source if resume else None
     if start_step == 0 and (run_dir / METRICS_FILE).exists():
@@ -254,9 +259,6 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
     steady_time = 0.0
     for step in range(start_step, end_step):
         t0 = time.perf_counter()
-        mult = lr_multiplier(recipe.scheduler, step, t.max_steps)
-        for g in opt.param_groups:
-            g["lr"] = g["peak_lr"] * mult
         ids = data.train_batch_ids(step, t.global_batch_size, t.seed)[rank * per_rank:(rank + 1) * per_rank]
         opt.zero_grad()
         loss_acc = torch.zeros(1, dtype=torch.float64, device=param_device(model))
@@ -264,14 +266,16 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
             chunk = ids[micro * t.micro_batch_size:(micro + 1) * t.micro_batch_size]
             loss, n = _loss_sum(model, data.batch(chunk), recipe.precision.kind)
             (loss / (n * accum * world)).backward()
-            loss_acc += loss.item() / n
+            loss_acc += loss.detach().double() / n  # on the device: no host sync per micro-batch
+        applied_lr = float(opt.param_groups[0]["lr"])  # the rate this step's update applies
         try:
             result = opt.step()
         except FloatingPointError as err:  # optimizer.nonfinite='raise': raised on every rank together
             _stop(metrics, step + 1, DivergenceWatch.nonfinite_raised(step + 1, err))
+        scheduler.step()
         if group is not None:
             dist.all_reduce(loss_acc, group=group)
-        loss_value = float(loss_acc) / (accum * world)
+        loss_value = float(loss_acc) / (accum * world)  # the step's one host read of the loss
         step_time = time.perf_counter() - t0
         done = step + 1
         tokens = t.global_batch_size * t.seq_length
@@ -280,7 +284,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
         losses[done] = loss_value
         tps = tokens / step_time
         if done % t.log_interval == 0 or done == end_step or result.skipped:  # every skipped step is logged
-            metrics.write("train", step=done, loss=loss_value, lr=recipe.optimizer.lr * mult,
+            metrics.write("train", step=done, loss=loss_value, lr=applied_lr,
                           grad_norm=result.grad_norm, skipped=result.skipped, skipped_steps=opt.engine.skipped_steps,
                           tokens=done * tokens, step_time_s=step_time, optimizer_time_s=result.optimizer_time_s,
                           tokens_per_s=tps, model_tflops=flops.model_flops / world / step_time / 1e12,
