@@ -36,7 +36,7 @@ from typing import Any
 from nemo_muon._validation import check_choice, check_positive_int, check_range, fail
 from nemo_muon.accounting.layout import Layout
 from nemo_muon.accounting.ns_count import TP_MODES, ns_flops_per_tp_rank, spec_partition_dim
-from nemo_muon.accounting.ownership import METHODS, Method, OwnershipPlan, PlanItem, plan_ownership
+from nemo_muon.accounting.ownership import METHODS, Method, OwnershipPlan, PlanItem, max_over_mean, plan_ownership
 from nemo_muon.models.matrices import ParamInfo, is_moe_layer, layer_params, non_layer_params
 from nemo_muon.models.specs import ModelSpec
 
@@ -215,9 +215,7 @@ class ModelPlan:
     @property
     def global_imbalance(self) -> float:
         """max/mean of NS FLOPs over all dp*pp GPUs (includes the pipeline layout's imbalance)."""
-        flops = [f for s in self.stages for f in s.flops]
-        total = sum(flops)
-        return max(flops) / (total / len(flops)) if total > 0 else 1.0
+        return max_over_mean([f for s in self.stages for f in s.flops])
 
     @property
     def max_rank_flops(self) -> float:

@@ -143,12 +143,12 @@ class OwnershipPlan:
     @property
     def imbalance(self) -> float:
         """max/mean of per-rank preconditioner FLOPs (1.0 when there is no such work)."""
-        return _max_over_mean(self.flops)
+        return max_over_mean(self.flops)
 
     @property
     def bytes_imbalance(self) -> float:
         """max/mean of per-rank owned bytes."""
-        return _max_over_mean([float(b) for b in self.nbytes])
+        return max_over_mean([float(b) for b in self.nbytes])
 
     def items_of(self, rank: int) -> list[str]:
         """Names owned by ``rank``, in item order."""
@@ -181,7 +181,8 @@ class OwnershipPlan:
         return self.format()
 
 
-def _max_over_mean(values: Sequence[float]) -> float:
+def max_over_mean(values: Sequence[float]) -> float:
+    """max/mean of per-rank loads, 1.0 when there is no load (the imbalance figure of every plan)."""
     total = sum(values)
     if total <= 0:
         return 1.0

@@ -32,6 +32,7 @@ from nemo_muon.accounting.layout import Layout, validate_layout
 from nemo_muon.accounting.model_flops import model_flops_per_token
 from nemo_muon.accounting.model_ownership import CostModel, StagePlan, StageTensor, stage_plan
 from nemo_muon.accounting.ns_count import matrix_ns_flops
+from nemo_muon.accounting.ownership import max_over_mean
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.matrices import is_moe_layer, layer_params, param_counts
@@ -160,13 +161,12 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
             gather_max = max(gather_max, 2.0 * recv)
             gather_total += 2.0 * recv
         loads = [rk.ns if is_muon else 0.0 for rk in stage]
-        mean = sum(loads) / len(loads)
-        stage_imbalance.append(max(loads) / mean if mean > 0 else 1.0)
+        stage_imbalance.append(max_over_mean(loads))
         stage_max.append(max(loads))
         stage_min.append(min(loads))
         if split_loads:
             split_stage = split_loads[-len(stage):]
-            split_within = max(split_within, max(split_stage) / (sum(split_stage) / len(split_stage)))
+            split_within = max(split_within, max_over_mean(split_stage))
         ranks += stage
     useful = _useful_ns_flops(spec, split, steps, syrk) if is_muon else 0.0
     loads = [rk.ns for rk in ranks] if is_muon else [0.0] * len(ranks)
@@ -197,7 +197,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
         "ns_flops_executed_per_step": sum(loads),
         "ns_flops_per_rank_max": rank_max,
         "ns_flops_per_rank_mean": rank_mean,
-        "ns_imbalance": rank_max / rank_mean if rank_mean > 0 else 1.0,
+        "ns_imbalance": max_over_mean(loads),
         "ns_imbalance_within_stage_max": max(stage_imbalance),
         **_if_split(split_loads, split_within),
         "ns_flops_per_pp_rank_max": stage_max,
