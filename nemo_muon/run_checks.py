@@ -14,10 +14,8 @@ launch folder is still mount-safe.
 
 from __future__ import annotations
 
-from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.config.recipe import TORCH_PRECISIONS, TrainingRecipe
 
-TORCH_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
-"""Precisions of the torch backend (HF models under autocast)."""
 GROUPED_GEMM_ALIGNMENT: dict[str, int] = {"fp32": 4, "bf16": 8, "fp8_cs": 16, "mxfp8": 32}
 """Multiple of elements an expert GEMM width must be, per precision: torch._grouped_mm needs 16-byte strides
 ("strides should be multiple of 16 bytes": 4 fp32 / 8 bf16 elements, measured with torch 2.14); Transformer

@@ -31,6 +31,8 @@ GPUS: tuple[str, ...] = ("gb300", "gb200", "b200", "h200", "h100", "cpu")
 SCHEDULERS: tuple[str, ...] = ("cosine", "wsd", "constant")
 DATA_KINDS: tuple[str, ...] = ("mock", "stdlib_text", "indexed")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp8_cs", "mxfp8")
+TORCH_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+"""Precisions of the torch backend (HF models under autocast); the others need the megatron backend."""
 BACKENDS: tuple[str, ...] = ("megatron", "torch")
 
 

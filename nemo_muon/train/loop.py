@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.config.recipe import TORCH_PRECISIONS, TrainingRecipe
 from nemo_muon.layerwise import checkpoint as lw_ckpt
 from nemo_muon.models.hf import build_model, count_parameters
 from nemo_muon.train.data import TokenData, build_token_data, default_cache_dir
@@ -40,8 +40,6 @@ from nemo_muon.train.optimizers import StepResult, TrainingOptimizer, build_trai
 from nemo_muon.train.refusals import RunRefused, TrainingDiverged
 from nemo_muon.train.schedule import build_lr_scheduler
 from nemo_muon.train.state import ResumePoint, restore_training_state, training_state
-
-TORCH_PRECISIONS = ("fp32", "bf16")
 
 
 def _rank_world(group: Any) -> tuple[int, int]:
