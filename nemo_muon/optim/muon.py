@@ -49,13 +49,35 @@ def tensor_partition_dim(p: torch.Tensor) -> int | None:
     return getattr(p, "partition_dim", None)
 
 
+def newton_schulz_stacked(xs: list[torch.Tensor], steps: int, coefficients: str, *,
+                          precision: str) -> list[torch.Tensor]:
+    """NS of every matrix of ``xs`` (2-D or 3-D stacks, no TP), the matrices of one shape stacked into one batched
+    call: the same result as one call per matrix within fp32 rounding (batched GEMMs may sum in another order). A
+    shape met once runs as it is. On a GPU in bf16 a stack gives up the SYRK kernel (2-D only) for fewer launches."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, x in enumerate(xs):
+        groups.setdefault((tuple(x.shape[-2:]), x.dtype, x.device), []).append(i)
+    flat = [xs[idx[0]] if len(idx) == 1 and xs[idx[0]].ndim == 2 else
+            torch.cat([xs[i].reshape(-1, *xs[i].shape[-2:]) for i in idx]) for idx in groups.values()]
+    out: list[torch.Tensor | None] = [None] * len(xs)
+    for idx, y in zip(groups.values(), newton_schulz_many(flat, steps, coefficients, precision=precision),
+                      strict=True):
+        sizes = [xs[i].numel() // (xs[i].shape[-2] * xs[i].shape[-1]) for i in idx]
+        for i, piece in zip(idx, y.split(sizes) if y.ndim == 3 else [y], strict=True):
+            out[i] = piece.reshape(xs[i].shape)
+    return out  # type: ignore[return-value]
+
+
 class Muon(RoutedOptimizer):
     """Muon for hidden matrices and 3-D expert stacks, AdamW for embeddings, head, norms and biases.
 
     ``params``: ``model.named_parameters()`` (names drive the routing), plain tensors, or param-group dicts (a group
     may force ``"algorithm": "matrix" | "adamw"``). Keyword names equal ``MuonConfig``'s fields; ``matrix_rule``,
     ``fused_layouts`` (see ``nemo_muon.optim.routing``) and ``master_weights`` (fp32 master copy for bf16/fp16
-    params) are runtime extras. ``step(closure=None, *, skip_nonfinite_check=False)``; after a step
+    params) are runtime extras, and ``batch_ns`` (without TP: the NS of all same-shape matrices of a step in one
+    stacked call, ``newton_schulz_stacked``; fewer, larger kernels for all NS inputs held at once; off by default,
+    which keeps one matrix at a time and bitwise-stable results). ``step(closure=None, *, skip_nonfinite_check=False)``;
+    after a step
     ``last_step_skipped`` tells whether a non-finite gradient skipped it (``skipped_steps`` counts them).
     """
 
@@ -85,6 +107,7 @@ class Muon(RoutedOptimizer):
         matrix_rule: MatrixRule | None = None,
         fused_layouts: Mapping[str, FusedLayout | Mapping | None] | None = None,
         master_weights: bool = False,
+        batch_ns: bool = False,
     ) -> None:
         MuonConfig(  # the one place the ranges live; raises naming the field
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
@@ -96,6 +119,7 @@ class Muon(RoutedOptimizer):
                               "extra_scale_factor", "ns_precision", "adamw_lr", "adamw_betas", "adamw_eps")
         self.tp_group = tp_group
         self.tp_mode = tp_mode
+        self.batch_ns = bool(batch_ns)
         defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
             coefficients=coefficients, scale_mode=scale_mode, extra_scale_factor=extra_scale_factor,
@@ -110,9 +134,9 @@ class Muon(RoutedOptimizer):
         MuonConfig(**{k: tuple(group[k]) if k == "adamw_betas" else group[k] for k in self._group_fields})
 
     def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
-        """Without TP, one parameter at a time (peak memory: one extra momentum-sized tensor); with TP, all together
-        so that their collectives are fused."""
-        if self.tp_group is None:
+        """Without TP, one parameter at a time (peak memory: one extra momentum-sized tensor), or all together with
+        same-shape matrices stacked (``batch_ns``); with TP, all together so that their collectives are fused."""
+        if self.tp_group is None and not self.batch_ns:
             return [u for it in items for u in self._orthogonalized([it])]
         return self._orthogonalized(items)
 
@@ -136,6 +160,11 @@ class Muon(RoutedOptimizer):
             key = (g["ns_steps"], g["coefficients"], g["ns_precision"])
             keys.setdefault(key, []).extend((i, j) for j in range(len(parts[i])))
         for (steps, coeffs, precision), where in keys.items():
+            if self.tp_group is None and self.batch_ns:
+                ys = newton_schulz_stacked([parts[i][j] for i, j in where], steps, coeffs, precision=precision)
+                for (i, j), y in zip(where, ys, strict=True):
+                    outs[i][j] = y
+                continue
             dims = [tensor_partition_dim(items[i].param) if self.tp_group is not None else None for i, _ in where]
             ys = newton_schulz_many(
                 [parts[i][j] for i, j in where], steps, coeffs, tp_group=self.tp_group, tp_mode=self.tp_mode,
