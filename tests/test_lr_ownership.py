@@ -4,6 +4,7 @@ layer-wise engine applies that rate (also with a factory optimizer), the metrics
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -93,10 +94,27 @@ def test_loaded_step_counts_stay_on_the_host() -> None:
     assert state["step"].device.type == "cpu" and state["exp_avg"].device == meta
 
 
+def _count_host_reads(monkeypatch, reads: dict[str, int], files: tuple[str, ...]) -> None:  # noqa: ANN001
+    """Count ``Tensor.item`` / ``float(tensor)`` / ``bool(tensor)`` called from ``files`` (each a host sync on a GPU)."""
+    for method in ("item", "__float__", "__bool__"):
+        original = getattr(torch.Tensor, method)
+
+        def counted(self: torch.Tensor, *args, _original=original):  # noqa: ANN002, ANN202
+            caller = sys._getframe(1).f_code.co_filename
+            for f in files:
+                if caller.endswith(f):
+                    reads[f] = reads.get(f, 0) + 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+
+
 def test_the_logged_lr_is_the_rate_applied_and_a_resume_restores_it(tmp_path, monkeypatch) -> None:
     """A short single-process Muon run, interrupted after 2 of 4 steps and resumed: every logged lr is the rate the
     inner optimizer applied at that step, the schedule's; the rate restored from the checkpoint is the one the
-    resumed step applies (the scheduler does not have to correct it)."""
+    resumed step applies (the scheduler does not have to correct it). The resumed run reads the device from the loop
+    once per step and once per validation (not per micro-batch: 4 per step here) and from the layer-wise engine twice
+    per step (grad norm, non-finite check; not once per tensor)."""
     from nemo_muon.train.loop import train
     from tests.test_train_loop import short
 
@@ -117,14 +135,18 @@ def test_the_logged_lr_is_the_rate_applied_and_a_resume_restores_it(tmp_path, mo
 
     def recipe(resume: bool):  # noqa: ANN202
         r = short("tiny_qwen3_moe_muon", tmp_path, steps=4)
-        r.trainer.micro_batch_size, r.system.num_nodes, r.system.gpus_per_node = 4, 1, 1
+        r.trainer.micro_batch_size, r.system.num_nodes, r.system.gpus_per_node = 2, 1, 1
         r.scheduler.warmup_steps, r.checkpoint.save_interval, r.checkpoint.resume = 3, 2, resume
         r.validate()
         return r
 
     first = recipe(False)
     train(first, stop_after_steps=2)
+    reads: dict[str, int] = {}
+    loop_file, engine_file = "nemo_muon/train/loop.py", "nemo_muon/layerwise/optimizer.py"
+    _count_host_reads(monkeypatch, reads, (loop_file, engine_file))
     out = train(recipe(True))
+    assert reads == {loop_file: 2 + 2, engine_file: 2 * 2}, reads  # steps 3, 4 each validated (eval_interval 3, end)
     assert out["start_step"] == 2
     expected = [first.optimizer.lr * lr_multiplier(first.scheduler, s, 4) for s in range(4)]
     assert len(set(expected)) == 4
