@@ -85,6 +85,11 @@ def test_opting_in_resumes_and_records_the_changes(base) -> None:
     out = train(r, group=None, stop_after_steps=1)
     assert out["start_step"] == 4 and sorted(out["losses"]) == [5]
     assert _run_events(root, "opted-in")[-1]["optimizer_changes"] == {"optimizer.lr": {"checkpoint": lr, "now": lr / 2}}
+    from nemo_muon.train.schedule import lr_multiplier
+
+    step5 = [e for e in map(json.loads, (root / "opted-in" / "metrics.jsonl").open()) if e["event"] == "train"][-1]
+    assert step5["step"] == 5  # the new peak applies from the resumed step on, at the schedule's position
+    assert step5["lr"] == pytest.approx(lr / 2 * lr_multiplier(r.scheduler, 4, r.trainer.max_steps), rel=1e-12)
 
 
 def _rewrite_extra(ckpt: Path, change) -> None:
