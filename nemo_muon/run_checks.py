@@ -3,8 +3,8 @@
 `check_run` is what `nemo_muon.recipes.execute.build_recipe` calls, and every entry point builds recipes through it
 (``nemo llm pretrain --dryrun``, ``nemo-muon plan``, ``nemo-muon launch`` and the job each rank runs), so they accept
 and refuse the same recipes. It checks, in order: the sections again; the schedule (warmup shorter than training,
-as Megatron's scheduler asserts); the sequence against the model's positions; the backend's own rules (torch below;
-megatron: `nemo_muon.megatron.recipe_rules`); the parallel layout on the recipe's world size
+as Megatron's scheduler asserts); the sequence against the model's positions; the backend's own rules (`nemo_muon.train.recipe_rules`,
+`nemo_muon.megatron.recipe_rules`); the parallel layout on the recipe's world size
 (`accounting.layout.validate_layout`); the widths grouped GEMMs need at the recipe's precision. Torch-free.
 
 What only the machine that runs the job can know stays with the job: whether CUDA or bf16 kernels exist there,
@@ -14,16 +14,12 @@ launch folder is still mount-safe.
 
 from __future__ import annotations
 
-from nemo_muon.config.recipe import TORCH_PRECISIONS, TrainingRecipe
+from nemo_muon.config.recipe import TrainingRecipe
 
 GROUPED_GEMM_ALIGNMENT: dict[str, int] = {"fp32": 4, "bf16": 8, "fp8_cs": 16, "mxfp8": 32}
 """Multiple of elements an expert GEMM width must be, per precision: torch._grouped_mm needs 16-byte strides
 ("strides should be multiple of 16 bytes": 4 fp32 / 8 bf16 elements, measured with torch 2.14); Transformer
 Engine's FP8 GEMMs need dimensions divisible by 16, MXFP8 by its 32-element scaling block."""
-TOKENIZER_MIN_VOCAB = 257
-"""data.kind='stdlib_text' trains a byte-level BPE: 256 byte tokens + the EOS token (`train.tokenizer`)."""
-
-
 def check_schedule(recipe: TrainingRecipe) -> None:
     """Warmup must end before training does (Megatron asserts lr_warmup_steps < lr_decay_steps = max_steps)."""
     warmup, steps = recipe.scheduler.warmup_steps, recipe.trainer.max_steps
@@ -53,36 +49,6 @@ def check_grouped_gemm_widths(recipe: TrainingRecipe) -> None:
                              f"expert GEMMs need {align}-element aligned rows); got {value}")
 
 
-def check_torch_backend(recipe: TrainingRecipe) -> None:
-    """What `nemo_muon.train` (loop, HF model builder, tokenizer) refuses, as it words it."""
-    if not recipe.layerwise:
-        raise ValueError("recipe.layerwise must be True for backend 'torch' (every optimizer runs through the "
-                         "layer-wise engine: one optimizer state and checkpoint format); got False")
-    p = recipe.parallelism
-    for name in ("tp", "pp", "cp", "ep", "etp", "vp"):
-        if getattr(p, name) != 1:
-            raise ValueError(f"parallelism.{name} must be 1 for backend 'torch' (data parallelism only); "
-                             f"got {getattr(p, name)}")
-    if p.sequence_parallel or p.pipeline_layout is not None:
-        raise ValueError(f"parallelism.sequence_parallel must be False and parallelism.pipeline_layout None for "
-                         f"backend 'torch' (data parallelism only); got {p.sequence_parallel} and {p.pipeline_layout!r}")
-    if recipe.qk_clip:
-        raise ValueError("recipe.qk_clip must be False for backend 'torch' (MuonClip runs in the 'megatron' backend); "
-                         "got True")
-    if recipe.precision.kind not in TORCH_PRECISIONS:
-        raise ValueError(f"precision.kind must be one of {TORCH_PRECISIONS} for backend 'torch'; "
-                         f"got {recipe.precision.kind!r}")
-    spec = recipe.model
-    if spec.family == "deepseek_v3" and not spec.num_experts:
-        raise ValueError("model.num_experts must be >= 1 for family 'deepseek_v3' (the HF DeepseekV3 model); got 0")
-    if spec.family == "qwen3_moe" and spec.num_shared_experts:
-        raise ValueError(f"model.num_shared_experts must be 0 for family 'qwen3_moe' (no shared expert); "
-                         f"got {spec.num_shared_experts}")
-    if recipe.data.kind == "stdlib_text" and spec.vocab_size < TOKENIZER_MIN_VOCAB:
-        raise ValueError(f"model.vocab_size must be >= {TOKENIZER_MIN_VOCAB} with data.kind='stdlib_text' (a "
-                         f"byte-level BPE: 256 bytes + EOS); got {spec.vocab_size}")
-
-
 def check_run(recipe: TrainingRecipe) -> None:
     """Raise a ValueError (naming the field, the value and what is allowed) for anything any entry point or the
     recipe's backend would refuse later."""
@@ -93,6 +59,8 @@ def check_run(recipe: TrainingRecipe) -> None:
     check_sequence(recipe)
     try:
         if recipe.backend == "torch":
+            from nemo_muon.train.recipe_rules import check_torch_backend
+
             check_torch_backend(recipe)
         else:
             from nemo_muon.megatron.recipe_rules import check_megatron_recipe

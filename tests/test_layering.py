@@ -42,7 +42,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "megatron": _BASE | {"config", "models", "accounting", "optim", "layerwise", "versions"},
     "train": _BASE | {"config", "models", "accounting", "optim", "layerwise", "reporting"},
     # the one validation of a run, then the recipes: config types, the registry, the backends' entry points
-    "run_checks": _BASE | {"config", "models", "accounting", "megatron.recipe_rules"},
+    "run_checks": _BASE | {"config", "models", "accounting", "megatron.recipe_rules", "train.recipe_rules"},
     "recipes": _BASE | {
         "config", "models", "secret_policy", "run_checks",
         "accounting.layout",  # the layout every recipe is validated against

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_muon.config.recipe import TORCH_PRECISIONS, TrainingRecipe
+from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.layerwise import checkpoint as lw_ckpt
 from nemo_muon.models.hf import build_model, count_parameters
 from nemo_muon.train.data import TokenData, build_token_data, default_cache_dir
@@ -37,6 +37,7 @@ from nemo_muon.train.divergence import DivergenceWatch
 from nemo_muon.train.flops import StepFlops, step_flops
 from nemo_muon.train.metrics import METRICS_FILE, MetricsWriter, Stopwatch, progress_line
 from nemo_muon.train.optimizers import StepResult, TrainingOptimizer, build_training_optimizer
+from nemo_muon.train.recipe_rules import check_torch_backend
 from nemo_muon.train.refusals import RunRefused, TrainingDiverged
 from nemo_muon.train.schedule import build_lr_scheduler
 from nemo_muon.train.state import ResumePoint, restore_training_state, training_state
@@ -55,28 +56,12 @@ def check_torch_recipe(recipe: TrainingRecipe, world_size: int) -> int:
     """Validate what the torch backend supports; returns the gradient-accumulation steps per rank."""
     try:
         recipe.validate()
+        check_torch_backend(recipe)  # the same rules `run_checks.check_run` applies when the recipe is built
     except ValueError as e:
         raise RunRefused(str(e)) from None
-    if not recipe.layerwise:
-        raise RunRefused("recipe.layerwise must be True for backend 'torch' (every optimizer runs through the "
-                         "layer-wise engine: one optimizer state and checkpoint format); got False")
-    p = recipe.parallelism
-    for name in ("tp", "pp", "cp", "ep", "etp", "vp"):
-        if getattr(p, name) != 1:
-            raise RunRefused(f"parallelism.{name} must be 1 for backend 'torch' (data parallelism only); "
-                             f"got {getattr(p, name)}")
-    if p.sequence_parallel or p.pipeline_layout is not None:
-        raise RunRefused(f"parallelism.sequence_parallel must be False and parallelism.pipeline_layout None for backend "
-                         f"'torch' (data parallelism only); got {p.sequence_parallel} and {p.pipeline_layout!r}")
-    if recipe.qk_clip:
-        raise RunRefused("recipe.qk_clip must be False for backend 'torch' (MuonClip runs in the 'megatron' backend); "
-                         "got True")
     if recipe.world_size != world_size:
         raise RunRefused(f"system.num_nodes*gpus_per_node must equal the number of running ranks {world_size}; "
                          f"got {recipe.world_size}")
-    if recipe.precision.kind not in TORCH_PRECISIONS:
-        raise RunRefused(f"precision.kind must be one of {TORCH_PRECISIONS} for backend 'torch'; "
-                         f"got {recipe.precision.kind!r}")
     t = recipe.trainer
     per_step = t.micro_batch_size * world_size
     if t.global_batch_size % per_step:
