@@ -88,5 +88,16 @@ def pretrain_recipe(recipe: TrainingRecipe, **kwargs: Any) -> Any:
 
 
 def run_recipe(recipe: str, overrides: Sequence[str] = ()) -> Any:
-    """What each rank of a NeMo-Run launch calls: build ``recipe`` with ``overrides`` and train it."""
-    return pretrain_recipe(build_recipe(recipe, overrides))
+    """What each rank of a NeMo-Run launch calls: build ``recipe`` with ``overrides`` and train it. A refusal of the
+    run (a resume mismatch, divergence, a damaged checkpoint) is printed once, by rank 0, as ``error: <one line>``
+    and ends the rank with its exit code (`nemo_muon.train.refusals`), as `nemo-muon launch` does."""
+    import os
+
+    from nemo_muon.train.refusals import run_or_refuse
+
+    result: dict[str, Any] = {}
+    code = run_or_refuse(lambda: result.setdefault("out", pretrain_recipe(build_recipe(recipe, overrides))),
+                         rank=int(os.environ.get("RANK", "0")))
+    if code:
+        raise SystemExit(code)
+    return result.get("out")

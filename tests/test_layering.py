@@ -48,6 +48,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "accounting.layout",  # the layout every recipe is validated against
         "megatron.bridge_presets", "megatron.optimizer_config",  # Bridge's presets and Megatron's Muon defaults
         "megatron.bridge", "megatron.nemo2", "train.pretrain",  # the backends' entry points (called lazily)
+        "train.refusals",  # a rank's refusal printed once (run_recipe, what NeMo-Run's ranks call)
     },
     # top: the CLI, and the package facade (its lazy attribute table)
     "launchers": frozenset({"*"}),
