@@ -85,12 +85,14 @@ def _train_steps(metrics: Path) -> int:
 @pytest.mark.timeout(300)
 def test_torchrun_job_ends_within_the_bound_when_a_rank_is_stopped(tmp_path: Path) -> None:
     """The job entry under torchrun: rank 0 fails its collective after 5 s, torchrun stops the job (its 30 s grace
-    before SIGKILL is the rest of the bound)."""
+    before SIGKILL is the rest of the bound); the rerun with ``checkpoint.resume=true`` resumes from the last
+    complete checkpoint."""
     runs = tmp_path / "runs"
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "-m", "nemo_muon.launchers.run_recipe", "--recipe", "tiny_kimi_k2_muon", "system.collective_timeout_s=5",
-            "trainer.max_steps=100000", "trainer.global_batch_size=4", "trainer.micro_batch_size=2",
-            "trainer.seq_length=32", "trainer.eval_interval=0", "data.kind=mock", f"logging.root={runs}"]
+            "trainer.max_steps=30", "trainer.global_batch_size=4", "trainer.micro_batch_size=2",
+            "trainer.seq_length=32", "trainer.eval_interval=0", "data.kind=mock", f"logging.root={runs}",
+            "checkpoint.save_interval=1", "scheduler.warmup_steps=1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
@@ -110,6 +112,19 @@ def test_torchrun_job_ends_within_the_bound_when_a_rank_is_stopped(tmp_path: Pat
         assert code != 0, output[-3000:]
         assert ended < 5 + 30 + 25, f"the job took {ended:.0f} s to end after the stop"
         assert "timed out" in output.lower() or "timeout" in output.lower(), output[-3000:]
+        # the rerun resumes from the last complete checkpoint of the stopped job and trains on
+        run_dir = runs / "tiny_kimi_k2_muon"
+        saved = sorted(int(d.name.split("_")[1]) for d in run_dir.rglob("step_*") if d.is_dir())
+        assert saved, sorted(str(p) for p in run_dir.rglob("*"))[:50]
+        last = saved[-1]
+        assert last < 30, "the stopped job must not have finished"
+        rerun = subprocess.run([*argv, "checkpoint.resume=true"], env=env, capture_output=True, text=True,
+                               timeout=200)
+        assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+        events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        resumed_runs = [e for e in events if e.get("event") == "run" and e.get("start_step") == last]
+        assert resumed_runs and str(resumed_runs[-1].get("resumed_from", "")).endswith(f"step_{last:08d}"), events[-5:]
+        assert any(e.get("event") == "train" and e.get("step") == 30 for e in events), events[-5:]
     finally:
         for child in _children(job.pid):
             child.kill()
