@@ -21,18 +21,15 @@ import functools
 from typing import Any
 
 from nemo_muon.accounting.ownership import lpt_assign, ns_cost, ping_pong_assign, soap_cost
+from nemo_muon.optim.muon import Muon
+from nemo_muon.optim.soap import SOAP
 
 
-def matrix_cost(optimizer: Any, shape: tuple[int, ...]) -> float:
+def matrix_cost(optimizer: Muon | SOAP, shape: tuple[int, ...]) -> float:
     """Per-step update FLOPs of one matrix under our optimizer (SOAP's or Newton–Schulz's cost model)."""
-    if hasattr(optimizer, "defaults") and "precondition_frequency" in optimizer.defaults:
+    if isinstance(optimizer, SOAP):
         return soap_cost(shape, optimizer.defaults["precondition_frequency"])
-    return ns_cost(shape, optimizer.defaults.get("ns_steps", 5))
-
-
-def assign_owners(matrix_costs: list[float], other_numels: list[int], num_ranks: int) -> tuple[list[int], list[int]]:
-    """(owner of each matrix by LPT on its cost, owner of each other parameter ping-pong by numel)."""
-    return lpt_assign(matrix_costs, num_ranks), ping_pong_assign(other_numels, num_ranks)
+    return ns_cost(shape, optimizer.defaults["ns_steps"])
 
 
 @functools.cache
@@ -61,9 +58,8 @@ def ns_balanced_class() -> type:
                 size, rank = get_pg_size(pg), get_pg_rank(pg)
                 matrices = [x for x in params if x[2]]
                 others = [x for x in params if not x[2]]
-                matrix_owner, other_owner = assign_owners(
-                    [matrix_cost(optimizers[0], tuple(p.shape)) for p, _, _ in matrices],
-                    [p.numel() for p, _, _ in others], size)
+                matrix_owner = lpt_assign([matrix_cost(optimizers[0], tuple(p.shape)) for p, _, _ in matrices], size)
+                other_owner = ping_pong_assign([p.numel() for p, _, _ in others], size)
                 per_rank: list[list[Any]] = [[] for _ in range(size)]
                 for (p, index, _), owner in [*zip(matrices, matrix_owner, strict=True),
                                              *zip(others, other_owner, strict=True)]:

@@ -516,7 +516,7 @@ def expert_parallel_training(rank: int, world_size: int, group: Any, spec_name: 
         same_ep = [r for r in range(world_size) if ranks[r][0] == ep_rank]
         other_ep = [r for r in range(world_size) if ranks[r][0] != ep_rank]
         return {"ep_rank": ep_rank, "expt_dp_rank": expt_dp_rank, "expt_dp_size": dist.get_world_size(pgs.expt_dp),
-                "owned": owned, "experts": sorted(n for n, _ in named if ".experts." in n and _.dim() == 2),
+                "owned": owned, "experts": sorted(n for n, p in named if ".experts." in n and p.dim() == 2),
                 "experts_agree_in_expert_dp_group": all(torch.equal(experts[rank], experts[r]) for r in same_ep),
                 "experts_differ_across_ep": all(not torch.equal(experts[rank], experts[r]) for r in other_ep),
                 "dense_agree": all(torch.equal(dense[0], d) for d in dense)}
