@@ -15,6 +15,13 @@ the stage plans (``model_ownership``) and the planner use it. The cost model and
 
 Items that Muon/SOAP precondition carry an NS cost; element-wise items (norms, embeddings, the head: AdamW) carry
 cost 0 and are balanced by bytes after the matrices. Items can be pinned to a rank (routed experts on their EP rank).
+
+Splitting (``plan_ownership(..., balance_target=...)``, LPT only): while the plan's max/mean exceeds the target, the
+most expensive item of the busiest rank that has a further ``split_options`` entry (``accounting.ns_split``) is
+split one step further (2, 4, 8 ranks) and the plan is redone; the best plan seen is kept. A split item is placed,
+in LPT order by its per-member cost, on the aligned block of ``ways`` ranks whose busiest member is least loaded
+(ties: the lowest block), so the subgroups the engines create are few and fixed; ``owners`` names the block's first
+rank and ``splits`` the whole placement.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any, Literal
 
 from nemo_muon._validation import check_choice, check_positive_int, fail
 from nemo_muon.accounting.ns_count import ns_flop_terms
+from nemo_muon.accounting.ns_split import SplitOption
 
 Method = Literal["lpt", "round_robin", "ping_pong"]
 METHODS: tuple[str, ...] = ("lpt", "round_robin", "ping_pong")
@@ -123,10 +131,20 @@ class PlanItem:
     """Bytes of the parameter (the gather volume; optimizer state scales with it)."""
     pinned_rank: int | None = None
     """Rank that must own this item (routed experts on their EP rank); None = free."""
+    split_options: tuple[SplitOption, ...] = ()
+    """How its NS can be split over DP ranks (``ns_split.split_options``); () = whole-tensor only."""
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class SplitPlacement:
+    """A split item's members (an aligned block of the DP group; the first is ``OwnershipPlan.owners``) and how."""
+
+    ranks: tuple[int, ...]
+    option: SplitOption
 
 
 @dataclass
@@ -139,6 +157,17 @@ class OwnershipPlan:
     flops: list[float]
     nbytes: list[int]
     items: list[PlanItem] = field(repr=False, default_factory=list)
+    splits: dict[str, SplitPlacement] = field(default_factory=dict)
+    """Items whose NS is split over several ranks, by name (empty without a balance target)."""
+
+    @property
+    def split_bytes(self) -> list[float]:
+        """Bytes each rank sends per step for the splits, beyond whole-tensor ownership (``SplitOption``)."""
+        out = [0.0] * self.num_ranks
+        for sp in self.splits.values():
+            for r in sp.ranks:
+                out[r] += sp.option.extra_bytes
+        return out
 
     @property
     def imbalance(self) -> float:
@@ -164,6 +193,9 @@ class OwnershipPlan:
             "flops_per_rank": list(self.flops),
             "bytes_per_rank": list(self.nbytes),
             "owners": dict(self.owners),
+            "splits": {n: {"ranks": list(sp.ranks), "dim": sp.option.dim, "cost": sp.option.cost,
+                           "extra_bytes": sp.option.extra_bytes} for n, sp in self.splits.items()},
+            "split_bytes_per_rank": self.split_bytes,
         }
 
     def format(self) -> str:
@@ -190,24 +222,63 @@ def max_over_mean(values: Sequence[float]) -> float:
 
 
 def plan_ownership(items: Sequence[PlanItem], num_ranks: int, method: Method = "lpt", *,
-                   initial_flops: Sequence[float] | None = None) -> OwnershipPlan:
+                   initial_flops: Sequence[float] | None = None,
+                   balance_target: float | None = None) -> OwnershipPlan:
     """Assign every item to a rank: pinned items first, then costed items by ``method``, then cost-0 items by
     LPT on bytes (so owned bytes stay balanced). Deterministic in the item order.
 
     ``initial_flops`` (one per rank) is work the ranks already have outside ``items`` (for example experts owned
-    in another process group); LPT starts from it and the plan's ``flops`` include it.
+    in another process group); LPT starts from it and the plan's ``flops`` include it. ``balance_target`` (LPT
+    only, >= 1) splits items with ``split_options`` until max/mean reaches it or nothing more helps (module doc).
     """
     check_positive_int("num_ranks", num_ranks)
     check_choice("method", method, METHODS)
     if initial_flops is not None and len(initial_flops) != num_ranks:
         raise fail("initial_flops", f"{len(initial_flops)} values", f"one value per rank ({num_ranks})")
+    if balance_target is not None:
+        if method != "lpt":
+            raise fail("method", method, "'lpt' when balance_target is set (only LPT splits matrices)")
+        if not (isinstance(balance_target, (int, float)) and 1.0 <= balance_target < math.inf):
+            raise fail("balance_target", balance_target, "a finite number >= 1.0 (NS load max/mean), or None")
     names = [it.name for it in items]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise fail("items", f"duplicate names {dup[:5]}", "unique item names")
+    for it in items:
+        if it.pinned_rank is not None and not (isinstance(it.pinned_rank, int) and 0 <= it.pinned_rank < num_ranks):
+            raise fail(f"items[{it.name!r}].pinned_rank", it.pinned_rank, f"an int in [0, {num_ranks})")
+    best = _assign(items, num_ranks, method, initial_flops, {})
+    if balance_target is None:
+        return best
+    options = {it.name: [o for o in it.split_options if o.ways <= num_ranks and num_ranks % o.ways == 0]
+               for it in items if it.pinned_rank is None and it.cost > 0}
+    cost_of = {it.name: (it.cost, -i) for i, it in enumerate(items)}
+    level: dict[str, int] = {}
+    plan = best
+    for _ in range(sum(len(o) for o in options.values())):
+        if plan.imbalance <= balance_target:
+            break
+        busiest = max(range(num_ranks), key=lambda r: (plan.flops[r], -r))
+        held = [n for n, opts in options.items() if level.get(n, 0) < len(opts)
+                and busiest in (plan.splits[n].ranks if n in plan.splits else (plan.owners[n],))]
+        if not held:
+            break
+        pick = max(held, key=lambda n: (plan.splits[n].option.cost, cost_of[n][1]) if n in plan.splits else cost_of[n])
+        level[pick] = level.get(pick, 0) + 1
+        plan = _assign(items, num_ranks, method, initial_flops,
+                       {n: options[n][lv - 1] for n, lv in level.items()})
+        if plan.imbalance < best.imbalance:
+            best = plan
+    return best
+
+
+def _assign(items: Sequence[PlanItem], num_ranks: int, method: str, initial_flops: Sequence[float] | None,
+            split: dict[str, SplitOption]) -> OwnershipPlan:
+    """One assignment (``plan_ownership``); ``split`` maps item names to the option they are split with."""
     flops = [0.0] * num_ranks if initial_flops is None else [float(f) for f in initial_flops]
     nbytes = [0] * num_ranks
     owners: dict[str, int] = {}
+    splits: dict[str, SplitPlacement] = {}
 
     def place(it: PlanItem, r: int) -> None:
         owners[it.name] = r
@@ -216,21 +287,36 @@ def plan_ownership(items: Sequence[PlanItem], num_ranks: int, method: Method = "
 
     for it in items:
         if it.pinned_rank is not None:
-            if not (isinstance(it.pinned_rank, int) and 0 <= it.pinned_rank < num_ranks):
-                raise fail(f"items[{it.name!r}].pinned_rank", it.pinned_rank, f"an int in [0, {num_ranks})")
             place(it, it.pinned_rank)
     costed = [it for it in items if it.pinned_rank is None and it.cost > 0]
-    if method == "lpt":
-        bins = lpt_assign([it.cost for it in costed], num_ranks, initial_loads=flops)
-    elif method == "round_robin":
-        bins = round_robin_assign([it.shape for it in costed], num_ranks)
+    if split:  # LPT by per-member cost; a split item takes the least-loaded aligned block
+        each = [split[it.name].cost if it.name in split else it.cost for it in costed]
+        for i in sorted(range(len(costed)), key=lambda i: (-each[i], i)):
+            it = costed[i]
+            if it.name not in split:
+                place(it, min(range(num_ranks), key=lambda r: (flops[r], r)))
+                continue
+            opt = split[it.name]
+            k = opt.ways
+            b = min(range(num_ranks // k), key=lambda b: (max(flops[b * k:(b + 1) * k]), b))
+            ranks = tuple(range(b * k, (b + 1) * k))
+            for r in ranks:
+                flops[r] += opt.cost
+                nbytes[r] += it.nbytes // k
+            owners[it.name] = ranks[0]
+            splits[it.name] = SplitPlacement(ranks=ranks, option=opt)
     else:
-        bins = ping_pong_assign([it.numel for it in costed], num_ranks)
-    for it, r in zip(costed, bins, strict=True):
-        place(it, r)
+        if method == "lpt":
+            bins = lpt_assign([it.cost for it in costed], num_ranks, initial_loads=flops)
+        elif method == "round_robin":
+            bins = round_robin_assign([it.shape for it in costed], num_ranks)
+        else:
+            bins = ping_pong_assign([it.numel for it in costed], num_ranks)
+        for it, r in zip(costed, bins, strict=True):
+            place(it, r)
     rest = [it for it in items if it.pinned_rank is None and it.cost <= 0]
     for it, r in zip(rest, lpt_assign([float(it.nbytes) for it in rest], num_ranks, initial_loads=nbytes),
                      strict=True):
         place(it, r)
     return OwnershipPlan(num_ranks=num_ranks, method=method, owners=owners, flops=flops, nbytes=nbytes,
-                         items=list(items))
+                         items=list(items), splits=splits)

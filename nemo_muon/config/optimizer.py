@@ -26,6 +26,8 @@ NS_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 NONFINITE_POLICIES: tuple[str, ...] = ("skip", "raise")
 MEGATRON_ENGINES: tuple[str, ...] = ("nemo_muon", "megatron")
 MEGATRON_BACKEND_ONLY = "megatron_backend_only"
+LAYERWISE_ENGINE_FIELD = "layerwise_engine_field"
+"""Field metadata: read by the layer-wise engine, not an argument of the optimizer class."""
 """Field metadata key: the field chooses how the megatron backend builds the optimizer; no optimizer-class kwarg."""
 MAX_NS_STEPS = 100
 """Newton–Schulz iterations at most (5 is standard; each costs three matmuls per matrix per step)."""
@@ -61,7 +63,7 @@ class _BaseOptimizerConfig:
     def optimizer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the optimizer class (every field except `name` and the megatron backend's)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.init and not f.metadata.get(MEGATRON_BACKEND_ONLY)}
+                if f.init and not f.metadata.get(MEGATRON_BACKEND_ONLY) and not f.metadata.get(LAYERWISE_ENGINE_FIELD)}
 
 
 @dataclass(kw_only=True)
@@ -95,6 +97,10 @@ class MuonConfig(_BaseOptimizerConfig):
     adamw_eps: float = 1e-8
     nonfinite: NonFinitePolicy = "skip"
     """A non-finite gradient anywhere skips the whole step (and is reported) or raises."""
+    ns_split_target: float | None = dataclasses.field(default=None, metadata={LAYERWISE_ENGINE_FIELD: True})
+    """Layer-wise engine (torch backend): the NS load max/mean over the DP ranks to reach by splitting the largest
+    matrices' Newton–Schulz over aligned blocks of 2, 4 or 8 DP ranks (distributed NS within the block; exact up to
+    fp32 rounding); None = whole-tensor ownership only. ``nemo-muon plan`` prints the plan this executes."""
     engine: MegatronEngine = dataclasses.field(default="nemo_muon", metadata={MEGATRON_BACKEND_ONLY: True})
     """Megatron backend only: whose Muon updates the matrices inside Megatron-Core's layer-wise distributed optimizer:
     'nemo_muon' (this package's Muon, on Megatron-Core 0.16 and 0.18+) or 'megatron' (Megatron-Core's own
@@ -117,6 +123,8 @@ class MuonConfig(_BaseOptimizerConfig):
         check_range("muon.adamw_eps", self.adamw_eps, low=0.0, low_inclusive=False)
         check_choice("muon.nonfinite", self.nonfinite, NONFINITE_POLICIES)
         check_choice("muon.engine", self.engine, MEGATRON_ENGINES)
+        if self.ns_split_target is not None:
+            check_range("muon.ns_split_target", self.ns_split_target, low=1.0)
 
 
 @dataclass(kw_only=True)

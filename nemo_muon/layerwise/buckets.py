@@ -1,6 +1,7 @@
 """Communication buckets of the layer-wise optimizer: grads reduced to owners, updated params shared back.
 
-A bucket holds whole parameters of one dtype. Its flat buffer is ``world`` equal segments; segment r holds the
+A bucket holds entries of one dtype: whole parameters, or the slices (``pieces.Piece``) of a matrix whose
+Newton–Schulz several ranks run together, each slice owned by its member like a parameter. Its flat buffer is ``world`` equal segments; segment r holds the
 parameters owned by rank r (in order), zero-padded to the longest segment. Buckets are filled per owner: bucket k
 takes each rank's next owned parameters up to ``bucket_bytes / world``, so segments are nearly equal.
 
@@ -21,10 +22,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from nemo_muon.layerwise.pieces import Piece
+
+Entry = tuple[str, torch.nn.Parameter, Piece | None]
+"""(key, parameter, slice or None for the whole parameter): one owned unit of a bucket."""
+
 
 @dataclass
 class Bucket:
-    """Whole parameters of one dtype laid out in ``world`` owner segments of ``seg_numel`` elements."""
+    """Entries (whole parameters or slices) of one dtype laid out in ``world`` owner segments of ``seg_numel``
+    elements. ``names`` are the entry keys (a parameter's name, or ``pieces.piece_key`` of a slice)."""
 
     params: list[torch.nn.Parameter]
     names: list[str]
@@ -37,6 +44,8 @@ class Bucket:
     group: dist.ProcessGroup | None
     dtype: torch.dtype
     collectives: str = "reduce_scatter"
+    pieces: list[Piece | None] = field(default_factory=list)
+    """The slice each entry holds (None: the whole parameter); empty = all whole."""
     flat: torch.Tensor = field(init=False, repr=False)
     pending: list[dist.Work] = field(default_factory=list, init=False, repr=False)
     launched: bool = field(default=False, init=False)
@@ -47,6 +56,8 @@ class Bucket:
     """Seconds spent blocked waiting for this bucket's param sharing (what the overlap did not hide)."""
 
     def __post_init__(self) -> None:
+        if not self.pieces:
+            self.pieces = [None] * len(self.params)
         self.flat = torch.zeros(self.seg_numel * self.world, dtype=self.dtype, device=self.params[0].device)
 
     @property
@@ -57,10 +68,29 @@ class Bucket:
         """This rank's segment of the flat buffer."""
         return self.flat.narrow(0, self.rank * self.seg_numel, self.seg_numel)
 
+    def numel_of(self, i: int) -> int:
+        """Elements of entry ``i`` (its slice, or the whole parameter)."""
+        piece = self.pieces[i]
+        return self.params[i].numel() if piece is None else piece.numel
+
     def view_of(self, i: int) -> torch.Tensor:
-        """The slice of the flat buffer holding param ``i``, shaped like it."""
-        p = self.params[i]
-        return self.flat.narrow(0, self.offsets[i], p.numel()).view_as(p)
+        """The part of the flat buffer holding entry ``i``, shaped like the parameter or its slice."""
+        piece = self.pieces[i]
+        shape = self.params[i].shape if piece is None else piece.shape
+        return self.flat.narrow(0, self.offsets[i], self.numel_of(i)).view(shape)
+
+    def read_into_flat(self, i: int, t: torch.Tensor) -> None:
+        """Copy entry ``i``'s part of ``t`` (shaped like the parameter) into the flat buffer."""
+        piece = self.pieces[i]
+        self.view_of(i).copy_(t if piece is None else piece.read(t))
+
+    def write_from_flat(self, i: int, t: torch.Tensor) -> None:
+        """Copy entry ``i`` from the flat buffer into its place in ``t`` (shaped like the parameter)."""
+        piece = self.pieces[i]
+        if piece is None:
+            t.copy_(self.view_of(i))
+        else:
+            piece.write(t, self.view_of(i))
 
     def owned(self) -> list[int]:
         """Indices of the params this rank owns."""
@@ -73,7 +103,7 @@ class Bucket:
         self.launched = True
         for i, p in enumerate(self.params):
             if p.grad is not None:
-                self.view_of(i).copy_(p.grad)
+                self.read_into_flat(i, p.grad)
             else:
                 self.view_of(i).zero_()
         if self.group is None:
@@ -95,8 +125,8 @@ class Bucket:
         return self.segment().clone() if self._reduced_seg is None else self._reduced_seg
 
     def used(self, rank: int) -> int:
-        """Elements of segment ``rank`` holding params (the rest is padding)."""
-        return sum(p.numel() for p, o in zip(self.params, self.owners, strict=True) if o == rank)
+        """Elements of segment ``rank`` holding entries (the rest is padding)."""
+        return sum(self.numel_of(i) for i, o in enumerate(self.owners) if o == rank)
 
     def start_gather(self) -> None:
         """Launch the async sharing of the owners' segments (each rank has written its own segment)."""
@@ -123,7 +153,7 @@ class Bucket:
             with torch.no_grad():
                 for i, p in enumerate(self.params):
                     if self.owners[i] != self.rank:
-                        p.copy_(self.view_of(i))
+                        self.write_from_flat(i, p)
 
     def comm_bytes(self) -> int:
         """Bytes one rank sends per step for this bucket, ring model: reduce-scatter and all-gather (W-1)/W of
@@ -132,7 +162,7 @@ class Bucket:
         if w == 1:
             return 0
         if self.collectives == "all_reduce":
-            used = sum(p.numel() for p in self.params)
+            used = sum(self.numel_of(i) for i in range(len(self.params)))
             return (2 * (w - 1) * self.seg_numel * w + (w - 1) * used) * elem // w
         return 2 * (w - 1) * self.seg_numel * elem
 
@@ -159,41 +189,53 @@ def resolve_collectives(collectives: str, group: dist.ProcessGroup | None) -> st
     return "all_reduce" if dist.get_backend(group) == "gloo" else "reduce_scatter"
 
 
-def build_buckets(named: Sequence[tuple[str, torch.nn.Parameter]], owners: dict[str, int], bucket_bytes: int,
+def build_buckets(entries: Sequence[Entry], owners: dict[str, int], bucket_bytes: int,
                   world: int, rank: int, group: dist.ProcessGroup | None,
                   collectives: str = "reduce_scatter") -> list[Bucket]:
-    """Buckets for ``named`` (in backprop order: pass them reversed from model order), one dtype per bucket."""
+    """Buckets for ``entries`` (in backprop order: pass them reversed from model order), one dtype per bucket;
+    ``owners`` maps each entry key to its owner rank."""
     buckets: list[Bucket] = []
     dtypes: list[torch.dtype] = []
-    for _, p in named:
+    for _, p, _ in entries:
         if p.dtype not in dtypes:
             dtypes.append(p.dtype)
     for dtype in dtypes:
-        streams: list[list[tuple[str, torch.nn.Parameter]]] = [[] for _ in range(world)]
-        for name, p in named:
-            if p.dtype == dtype:
-                streams[owners[name]].append((name, p))
+        streams: list[list[Entry]] = [[] for _ in range(world)]
+        for entry in entries:
+            if entry[1].dtype == dtype:
+                streams[owners[entry[0]]].append(entry)
         cap = max(1, bucket_bytes // world)
         while any(streams):
-            params, names, own, offsets, seg_lens = [], [], [], [], []
-            chunks: list[list[tuple[str, torch.nn.Parameter]]] = []
+            params, names, own, offsets, pieces, seg_lens = [], [], [], [], [], []
+            chunks: list[list[Entry]] = []
             for r in range(world):
-                taken, size = [], 0
-                while streams[r] and (not taken or size + streams[r][0][1].nbytes <= cap):
+                taken: list[Entry] = []
+                size = 0
+                while streams[r] and (not taken or size + _entry_bytes(streams[r][0]) <= cap):
                     item = streams[r].pop(0)
                     taken.append(item)
-                    size += item[1].nbytes
+                    size += _entry_bytes(item)
                 chunks.append(taken)
-                seg_lens.append(sum(p.numel() for _, p in taken))
+                seg_lens.append(sum(_entry_numel(e) for e in taken))
             seg = max(seg_lens)
             for r, taken in enumerate(chunks):
                 off = r * seg
-                for name, p in taken:
+                for name, p, piece in taken:
                     params.append(p)
                     names.append(name)
                     own.append(r)
                     offsets.append(off)
-                    off += p.numel()
+                    pieces.append(piece)
+                    off += _entry_numel((name, p, piece))
             buckets.append(Bucket(params=params, names=names, owners=own, offsets=offsets, seg_numel=seg,
-                                  world=world, rank=rank, group=group, dtype=dtype, collectives=collectives))
+                                  world=world, rank=rank, group=group, dtype=dtype, collectives=collectives,
+                                  pieces=pieces))
     return buckets
+
+
+def _entry_numel(entry: Entry) -> int:
+    return entry[1].numel() if entry[2] is None else entry[2].numel
+
+
+def _entry_bytes(entry: Entry) -> int:
+    return _entry_numel(entry) * entry[1].element_size()

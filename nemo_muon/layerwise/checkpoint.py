@@ -297,7 +297,7 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimi
     extra = _load_verified(path, "extra.pt", manifest)
     error: str | None = None
     try:  # each rank reads only the shards it needs, so a bad shard may fail on some ranks only
-        merged = _read_shards(path, manifest, set(optimizer.owned_names))
+        merged = _read_shards(path, manifest, set(optimizer.state_names))
     except CheckpointError as e:
         error = str(e)
     # every rank refuses together, with the same message (none is left waiting in a collective)
@@ -340,8 +340,9 @@ def _verify(model: torch.nn.Module, optimizer: LayerWiseDistributedOptimizer, ma
         if tensor_sha256(p) != saved["sha256"]:
             bad.append(f"param {n}")
     want = manifest["optimizer_state"]
-    got = _state_digests(optimizer.state_dict())
-    for n in optimizer.owned_names:
+    shard = optimizer.state_dict()  # with splits a collective: every rank verifies
+    got = _state_digests(shard)
+    for n in shard["owned"]:
         w, g = want.get(n, {}), got.get(n, {})
         if "<master>" not in w:
             g.pop("<master>", None)

@@ -5,8 +5,11 @@ Per step: grads are reduced to their owners (even-sized owner buckets, any backe
 ``collectives="reduce_scatter"`` (what ``auto`` picks except on gloo) that is a reduce-scatter and an all-gather; with
 ``"all_reduce"`` (``auto`` on gloo) an all-reduce and one broadcast per owner. With ``overlap_param_gather`` the sharing
 runs asynchronously and each module waits for its own tensors in a forward pre-hook, so it hides in the next
-forward. Ownership comes from `nemo_muon.accounting.ownership`
-(LPT over preconditioner FLOPs, then bytes), computed identically on every rank. See docs/layerwise.md.
+forward. Ownership comes from `nemo_muon.layerwise.plan_items` (LPT over the update FLOPs of what the inner
+optimizer runs, then bytes), computed identically on every rank. With Muon's ``ns_split_target`` the largest
+matrices are split: each member of an aligned block of DP ranks owns one slice (``pieces``), the slices are reduced
+and shared through the buckets like whole tensors, and the block's members run the matrix's Newton–Schulz together
+(Muon in ``tp_mode="distributed"`` over the block's group). See docs/layerwise.md.
 """
 
 from __future__ import annotations
@@ -14,16 +17,20 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_range, fail
-from nemo_muon.accounting.ownership import METHODS, OwnershipPlan, PlanItem, ns_cost, plan_ownership, soap_cost
-from nemo_muon.config.optimizer import NONFINITE_POLICIES
-from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket, build_buckets, resolve_collectives
+from nemo_muon.accounting.ownership import METHODS, OwnershipPlan
+from nemo_muon.config.optimizer import NONFINITE_POLICIES, MuonConfig
+from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket, Entry, build_buckets, resolve_collectives
 from nemo_muon.layerwise.grad_hooks import GradReduceHooks
+from nemo_muon.layerwise.pieces import Piece, make_piece
+from nemo_muon.layerwise.plan_items import engine_plan, matrix_route
+from nemo_muon.layerwise.split_groups import block_groups, gather_whole
 from nemo_muon.optim.routed import place_state_value
 
 NamedParams = Sequence[tuple[str, torch.nn.Parameter]]
@@ -37,16 +44,6 @@ def default_is_expert(name: str) -> bool:
     return ".experts." in name
 
 
-def _is_matrix(name: str, p: torch.Tensor) -> bool:
-    """Tensors Muon/SOAP precondition (the cost model only; the inner optimizer routes them itself)."""
-    from nemo_muon.optim.routing import default_matrix_rule
-
-    try:
-        return default_matrix_rule(name, tuple(p.shape)) == "matrix"
-    except ValueError:  # a shape no optimizer places: the inner optimizer raises with the details
-        return False
-
-
 def _group_rank_world(group: dist.ProcessGroup | None, field: str) -> tuple[int, int]:
     if group is None:
         return 0, 1
@@ -54,6 +51,21 @@ def _group_rank_world(group: dist.ProcessGroup | None, field: str) -> tuple[int,
     if rank < 0:
         raise ValueError(f"{field} must contain this rank (global rank {dist.get_rank()}); it does not")
     return rank, dist.get_world_size(group)
+
+
+@dataclass(frozen=True)
+class SplitMember:
+    """This rank's part in a split matrix: every member's slice (member order), the block's group, its own key."""
+
+    pieces: list[Piece]
+    group: dist.ProcessGroup
+    key: str
+    """The bucket / master key of this rank's slice (``_piece_key``)."""
+    index: int
+
+
+def _piece_key(name: str, index: int, ways: int) -> str:
+    return f"{name}[split {index}/{ways}]"
 
 
 class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
@@ -101,27 +113,40 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         self.plans: list[OwnershipPlan] = []
         self.buckets: list[Bucket] = []
         self.owned: dict[str, tuple[Bucket, int]] = {}
+        self.splits: dict[str, SplitMember] = {}
+        """Split matrices this rank is a member of, by parameter name."""
         for cat, group, field in categories:
             if not cat:
                 continue
             rank, world = _group_rank_world(group, field)
             if check_replicas:
                 _check_replicas(cat, group, field)
-            plan = plan_ownership([self._item(n, p, optimizer) for n, p in cat], world, plan_method)
+            plan = engine_plan(cat, world, optimizer, plan_method, split=field == "dp_group" and world > 1)
             self.plans.append(plan)
             self.collectives = resolve_collectives(collectives, group)
-            for b in build_buckets(list(reversed(cat)), plan.owners, self.bucket_bytes, world, rank, group,
-                                   self.collectives):
+            entries, owners = self._entries(list(reversed(cat)), plan, optimizer, group, rank)
+            for b in build_buckets(entries, owners, self.bucket_bytes, world, rank, group, self.collectives):
                 self.buckets.append(b)
                 for i in b.owned():
                     self.owned[b.names[i]] = (b, i)
         self.owned_names = [n for n in self.names if n in self.owned]
+        """Whole parameters this rank owns (model order); its slices of split matrices are in ``split_keys``."""
+        self.split_keys = [self.splits[n].key for n in self.names if n in self.splits]
         self.masters: dict[str, torch.nn.Parameter] = {}
         for n in self.owned_names:
             p = self._param_of[n]
             use_master = master_weights and p.dtype in _LOW_PRECISION
             self.masters[n] = torch.nn.Parameter(p.detach().float().clone()) if use_master else p
+        for key in self.split_keys:  # a slice is a tensor of its own (fp32 with master weights), a TP shard for Muon
+            b, i = self.owned[key]
+            p = b.params[i]
+            dtype = torch.float32 if master_weights and p.dtype in _LOW_PRECISION else p.dtype
+            master = torch.nn.Parameter(b.pieces[i].read(p.detach()).to(dtype))
+            master.tensor_model_parallel = True
+            master.partition_dim = b.pieces[i].dim
+            self.masters[key] = master
         self.inner = self._build_inner(optimizer, [(n, self.masters[n]) for n in self.owned_names])
+        self.split_inners = self._build_split_inners(optimizer)
         self._inner_base_lrs = [g["lr"] for g in self.inner.param_groups] if self.inner is not None else []
         self._reference_lr = self._agreed_reference_lr(optimizer)
         self.param_groups[0]["lr"] = self._reference_lr
@@ -131,15 +156,49 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         self.grad_hooks = GradReduceHooks(self.buckets) if overlap_grad_reduce else None
 
     # ------------------------------------------------------------------ construction helpers
-    @staticmethod
-    def _item(name: str, p: torch.Tensor, optimizer: Any) -> PlanItem:
-        cost = 0.0
-        if _is_matrix(name, p):
-            if getattr(optimizer, "name", "") == "soap":
-                cost = soap_cost(p.shape, getattr(optimizer, "precondition_frequency", 1))
-            elif getattr(optimizer, "name", "") != "adamw":
-                cost = ns_cost(p.shape, getattr(optimizer, "ns_steps", 5))
-        return PlanItem(name, tuple(p.shape), cost, p.numel() * p.element_size())
+    def _entries(self, named: NamedParams, plan: OwnershipPlan, optimizer: Any, group: dist.ProcessGroup | None,
+                 rank: int) -> tuple[list[Entry], dict[str, int]]:
+        """Bucket entries in ``named``'s order: whole parameters, and one slice per member of each split matrix."""
+        entries: list[Entry] = []
+        owners: dict[str, int] = {}
+        groups = block_groups(plan, group, rank) if plan.splits and group is not None else {}
+        for n, p in named:
+            sp = plan.splits.get(n)
+            if sp is None:
+                entries.append((n, p, None))
+                owners[n] = plan.owners[n]
+                continue
+            route = matrix_route(n, tuple(p.shape), optimizer)
+            pieces = [make_piece(n, tuple(p.shape), route, sp.option.dim, j, sp.option.ways)
+                      for j in range(sp.option.ways)]
+            for j, (r, piece) in enumerate(zip(sp.ranks, pieces, strict=True)):
+                key = _piece_key(n, j, sp.option.ways)
+                entries.append((key, p, piece))
+                owners[key] = r
+            if rank in sp.ranks:
+                j = sp.ranks.index(rank)
+                self.splits[n] = SplitMember(pieces, groups[sp.ranks], _piece_key(n, j, sp.option.ways), j)
+        return entries, owners
+
+    def _build_split_inners(self, optimizer: Any) -> list[torch.optim.Optimizer]:
+        """One Muon per block this rank is in, over its slices: ``tp_mode="distributed"`` over the block's group."""
+        from nemo_muon.optim import build_optimizer
+
+        by_group: dict[Any, list[tuple[str, torch.nn.Parameter]]] = {}
+        for n in self.names:
+            if n in self.splits:
+                by_group.setdefault(self.splits[n].group, []).append((n, self.masters[self.splits[n].key]))
+        if by_group and not isinstance(optimizer, MuonConfig):
+            raise fail("optimizer", type(optimizer).__name__, "a MuonConfig to split matrices (ns_split_target)")
+        inners = [build_optimizer(optimizer, named, tp_group=g, tp_mode="distributed") for g, named in by_group.items()]
+        self._split_inner_of = {self.splits[n].key: inner for inner, (_, named) in zip(inners, by_group.items(),
+                                                                                        strict=True) for n, _ in named}
+        return inners
+
+    @property
+    def state_names(self) -> list[str]:
+        """Names whose optimizer state this rank loads: its whole parameters and the split matrices it is in."""
+        return [n for n in self.names if n in self.owned or n in self.splits]
 
     @staticmethod
     def _build_inner(optimizer: Any, named: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.Optimizer | None:
@@ -152,11 +211,13 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         return build_optimizer(optimizer, named)
 
     def _register_hooks(self, model: torch.nn.Module) -> list[Any]:
-        bucket_of = {id(b.params[i]): b for b in self.buckets for i in range(len(b.params))}
+        buckets_of: dict[int, list[Bucket]] = {}
+        for b in self.buckets:
+            for p in b.params:
+                buckets_of.setdefault(id(p), []).append(b)
         hooks = []
         for module in model.modules():
-            mine = {id(bucket_of[id(p)]): bucket_of[id(p)] for p in module.parameters(recurse=False)
-                    if id(p) in bucket_of}
+            mine = {id(b): b for p in module.parameters(recurse=False) for b in buckets_of.get(id(p), [])}
             if mine:
                 waits = list(mine.values())
                 hooks.append(module.register_forward_pre_hook(lambda _m, _a, waits=waits: _finish(waits)))
@@ -194,15 +255,14 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         for b in self.buckets:
             seg = b.finish_reduce()
             for i in b.owned():
-                name, p = b.names[i], b.params[i]
-                g = seg.narrow(0, b.offsets[i] - b.rank * b.seg_numel, p.numel()).view_as(p)
-                master = self.masters[name]
+                g = seg.narrow(0, b.offsets[i] - b.rank * b.seg_numel, b.numel_of(i)).view(b.view_of(i).shape)
+                master = self.masters[b.names[i]]
                 master.grad = g.to(master.dtype).div_(self.dp_size)
         self._reduced = True
         self._clip_coef = 1.0
 
     def _owned_grads(self) -> list[torch.Tensor]:
-        return [self.masters[n].grad for n in self.owned_names if self.masters[n].grad is not None]
+        return [m.grad for m in self.masters.values() if m.grad is not None]
 
     def _all_reduce(self, t: torch.Tensor, op: dist.ReduceOp) -> torch.Tensor:
         if self.dp_group is not None:
@@ -260,20 +320,28 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
             for m in self.masters.values():
                 m.grad = None
             return
+        lr = self.param_groups[0]["lr"]
         if self.inner is not None:
-            lr = self.param_groups[0]["lr"]
             for g, base in zip(self.inner.param_groups, self._inner_base_lrs, strict=True):
                 g["lr"] = lr * (base / self._reference_lr)  # exactly lr for a group at the reference rate
             if hasattr(self.inner, "report_nonfinite"):  # nemo_muon optimizers: we checked globally above
                 self.inner.step(skip_nonfinite_check=True)
             else:
                 self.inner.step()
+        for inner in self.split_inners:  # a config's Muon: every group at the config's lr, the reference rate
+            for g in inner.param_groups:
+                g["lr"] = lr
+            inner.step(skip_nonfinite_check=True)
         for name in self.owned_names:
             b, i = self.owned[name]
             master, p = self.masters[name], b.params[i]
             if master is not p:
                 p.copy_(master)
             b.view_of(i).copy_(p)
+        for key in self.split_keys:
+            b, i = self.owned[key]
+            b.pieces[i].write(b.params[i], self.masters[key])
+            b.read_into_flat(i, b.params[i])
         for b in reversed(self.buckets):  # buckets are in backward order: share the first layers first
             b.start_gather()
         if not self.overlap_param_gather:
@@ -317,33 +385,52 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state (and separate master weights) held by this rank."""
-        total = sum(m.numel() * m.element_size() for n, m in self.masters.items() if m is not self._param_of[n])
-        if self.inner is not None:
-            for st in self.inner.state.values():
+        total = sum(m.numel() * m.element_size() for n, m in self.masters.items() if m is not self._param_of.get(n))
+        for inner in ([self.inner] if self.inner is not None else []) + self.split_inners:
+            for st in inner.state.values():
                 total += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
         return total
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shard, keyed by parameter name (merge the shards of all ranks to load at any DP size)."""
+        """This rank's shard, keyed by parameter name (merge the shards of all ranks to load at any DP size).
+
+        A split matrix is stored whole, by the first member of its block (the members gather their slices: with
+        splits, every rank of the DP group must call this together)."""
         self.finish_param_gather()
         state: dict[str, dict[str, Any]] = {}
         for n in self.owned_names:
             st = self.inner.state.get(self.masters[n], {}) if self.inner is not None else {}
             state[n] = {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in st.items()}
-        masters = {n: m.detach().clone() for n, m in self.masters.items() if m is not self._param_of[n]}
+        masters = {n: self.masters[n].detach().clone() for n in self.owned_names
+                   if self.masters[n] is not self._param_of[n]}
+        for n in self.names:
+            if n not in self.splits:
+                continue
+            sm, p = self.splits[n], self._param_of[n]
+            master = self.masters[sm.key]
+            piece_shape = sm.pieces[sm.index].shape
+            st = self._split_inner_of[sm.key].state.get(master, {})
+            whole = {k: gather_whole(v.detach(), sm.pieces, p, sm.group)
+                     if torch.is_tensor(v) and tuple(v.shape) == piece_shape else v for k, v in sorted(st.items())}
+            whole_master = gather_whole(master.detach(), sm.pieces, p, sm.group) if master.dtype != p.dtype else None
+            if sm.index == 0:
+                state[n] = whole
+                if whole_master is not None:
+                    masters[n] = whole_master
         group = self.param_groups[0]
-        return {"format": STATE_FORMAT, "names": list(self.names), "owned": list(self.owned_names),
+        return {"format": STATE_FORMAT, "names": list(self.names), "owned": [n for n in self.names if n in state],
                 "state": state, "masters": masters, "skipped_steps": self.skipped_steps,
                 "lr": group["lr"], "initial_lr": group.get("initial_lr")}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a (merged) state dict: every name this rank owns must be present; unknown names are an error."""
+        """Load a (merged) state dict: every name this rank owns or helps orthogonalize must be present; unknown
+        names are an error."""
         if state_dict.get("format") != STATE_FORMAT:
             raise fail("state_dict['format']", state_dict.get("format"), repr(STATE_FORMAT))
         unknown = sorted(set(state_dict["state"]) - set(self.names))
         if unknown:
             raise ValueError(f"state_dict has parameters this model lacks: {unknown[:10]}")
-        missing = [n for n in self.owned_names if n not in state_dict["state"]]
+        missing = [n for n in self.state_names if n not in state_dict["state"]]
         if missing:
             raise ValueError(f"state_dict lacks optimizer state for parameters owned here: {missing[:10]}")
         self.finish_param_gather()
@@ -356,6 +443,13 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
                 if self.inner is not None:
                     st = state_dict["state"][n]
                     self.inner.state[master] = {k: place_state_value(k, v, master.device) for k, v in st.items()}
+            for n, sm in self.splits.items():
+                master, p, piece = self.masters[sm.key], self._param_of[n], sm.pieces[sm.index]
+                master.copy_(piece.read(state_dict["masters"].get(n, p)))
+                st = {k: piece.read(v) if torch.is_tensor(v) and v.shape == p.shape else v
+                      for k, v in state_dict["state"][n].items()}
+                self._split_inner_of[sm.key].state[master] = {k: place_state_value(k, v, master.device)
+                                                              for k, v in st.items()}
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
         self.param_groups[0]["lr"] = state_dict["lr"]
         if state_dict.get("initial_lr") is not None:

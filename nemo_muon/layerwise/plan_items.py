@@ -1,0 +1,80 @@
+"""The ownership plan of the layer-wise engine: one `PlanItem` per parameter, costed as the inner optimizer runs it.
+
+The cost of a matrix is its update's FLOPs on the matrices the optimizer actually runs: Muon routes the parameter
+(`nemo_muon.optim.routing.route_param`, with the config's ``split_gate_up`` / ``split_qkv``) and orthogonalizes each
+fused part separately, so the cost is the sum of the parts' NS (``ownership.ns_cost``); SOAP preconditions a fused
+weight whole (``soap_cost``); AdamW-routed parameters cost 0 and are placed by bytes; for an optimizer factory
+the default routing rule and the NS cost are assumed. With Muon's
+``ns_split_target`` a 2-D matrix also carries its ``split_options`` (``accounting.ns_split``), and `engine_plan` lets
+LPT split the largest over aligned blocks of DP ranks. The stage plans of ``nemo-muon plan`` use the same functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from nemo_muon.accounting.ns_split import split_options
+from nemo_muon.accounting.ownership import OwnershipPlan, PlanItem, ns_cost, plan_ownership, soap_cost
+from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
+from nemo_muon.optim.routing import MATRIX, QKVLayout, Route, default_matrix_rule, route_param
+
+
+def matrix_route(name: str, shape: tuple[int, ...], optimizer: Any) -> Route | None:
+    """The route Muon / SOAP built from ``optimizer`` (a config) gives this parameter; None for AdamW or a factory."""
+    if not isinstance(optimizer, (MuonConfig, SoapConfig)):
+        return None
+    try:
+        flags = ({"split_qkv": optimizer.split_qkv, "split_gate_up": optimizer.split_gate_up}
+                 if isinstance(optimizer, MuonConfig) else {"split_qkv": False, "split_gate_up": False})
+        route = route_param(name, shape, **flags)
+    except ValueError:  # a shape or fused weight the optimizer refuses: it raises with the details when built
+        return None
+    return route if route.algorithm == MATRIX else None
+
+
+def _parts(name: str, shape: tuple[int, ...], route: Route) -> list[tuple[int, ...]]:
+    """The matrices NS runs on: the fused parts (stacked along rows; a 3-D stack keeps its expert dim)."""
+    sizes = route.split_sizes(name, shape[-2])
+    if sizes is None:
+        return [shape]
+    if isinstance(route.layout, QKVLayout):
+        groups = shape[-2] // sum(sizes)
+        sizes = [s * groups for s in sizes]
+    return [(*shape[:-2], s, shape[-1]) for s in sizes]
+
+
+def plan_item(name: str, p: torch.Tensor, optimizer: Any, *, splittable: bool) -> PlanItem:
+    """The ownership unit of one parameter (module doc); ``splittable`` adds Muon's split options for 2-D ones."""
+    shape = tuple(p.shape)
+    nbytes = p.numel() * p.element_size()
+    if not isinstance(optimizer, (MuonConfig, SoapConfig, AdamWConfig)):  # a factory: the default rule, NS cost
+        try:
+            matrix = default_matrix_rule(name, shape) == MATRIX
+        except ValueError:
+            matrix = False
+        return PlanItem(name, shape, ns_cost(shape) if matrix else 0.0, nbytes)
+    route = matrix_route(name, shape, optimizer)
+    if route is None:
+        return PlanItem(name, shape, 0.0, nbytes)
+    if isinstance(optimizer, SoapConfig):
+        return PlanItem(name, shape, soap_cost(shape, optimizer.precondition_frequency), nbytes)
+    parts = _parts(name, shape, route)
+    cost = sum(ns_cost(part, optimizer.ns_steps) for part in parts)
+    options: tuple[Any, ...] = ()
+    if splittable and len(shape) == 2:
+        groups = None
+        if isinstance(route.layout, QKVLayout):
+            groups = shape[0] // sum(route.layout.group_shapes())
+        options = split_options([(r, c) for r, c in parts], steps=optimizer.ns_steps, query_groups=groups)
+    return PlanItem(name, shape, cost, nbytes, split_options=options)
+
+
+def engine_plan(named: Sequence[tuple[str, torch.Tensor]], world: int, optimizer: Any, method: str, *,
+                split: bool) -> OwnershipPlan:
+    """The plan the engine executes for ``named`` over ``world`` ranks; ``split``: Muon's ``ns_split_target``."""
+    target = optimizer.ns_split_target if split and isinstance(optimizer, MuonConfig) else None
+    items = [plan_item(n, p, optimizer, splittable=target is not None) for n, p in named]
+    return plan_ownership(items, world, method, balance_target=target)  # type: ignore[arg-type]

@@ -1,0 +1,41 @@
+"""Process groups and state of split ownership: the blocks of DP ranks that orthogonalize one matrix together.
+
+A plan's splits use aligned blocks of its DP group (ranks ``b·k .. b·k + k - 1`` for ``k`` ways). `block_groups`
+creates, for each ``k`` the plan uses (ascending), the block holding this rank: one group per ``k`` on every rank,
+created by the block's members only (``use_local_synchronization``), so ranks outside the DP group take no part and
+every rank's group counter advances equally. `gather_whole` reassembles a split tensor's state from its members'
+slices (every member calls it; the whole is returned on all), so checkpoints hold whole tensors and load at any DP
+size, with or without splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from nemo_muon.accounting.ownership import OwnershipPlan
+from nemo_muon.layerwise.pieces import Piece
+
+
+def block_groups(plan: OwnershipPlan, dp_group: dist.ProcessGroup,
+                 rank: int) -> dict[tuple[int, ...], dist.ProcessGroup]:
+    """The block groups this rank (``rank`` in ``dp_group``) belongs to, by their DP-group ranks (module doc)."""
+    out: dict[tuple[int, ...], dist.ProcessGroup] = {}
+    for k in sorted({sp.option.ways for sp in plan.splits.values()}):
+        ranks = tuple(range(rank // k * k, rank // k * k + k))
+        members = [dist.get_global_rank(dp_group, r) for r in ranks]
+        out[ranks] = dist.new_group(members, use_local_synchronization=True)
+    return out
+
+
+def gather_whole(piece_value: torch.Tensor, pieces: Sequence[Piece], like: torch.Tensor,
+                 group: dist.ProcessGroup) -> torch.Tensor:
+    """The whole tensor (shaped and typed like ``like``) from every member's slice (``pieces`` in member order)."""
+    parts = [torch.empty_like(piece_value) for _ in pieces]
+    dist.all_gather(parts, piece_value.contiguous(), group=group)
+    whole = torch.empty(like.shape, dtype=piece_value.dtype, device=piece_value.device)
+    for piece, part in zip(pieces, parts, strict=True):
+        piece.write(whole, part)
+    return whole
