@@ -50,13 +50,16 @@ def _human(plan: dict[str, Any]) -> str:
         f"NS per rank max {_fmt_flops(plan['ns_flops_per_rank_max'])}, mean {_fmt_flops(plan['ns_flops_per_rank_mean'])}"
         f", imbalance {plan['ns_imbalance']:.3f} (within a stage {plan['ns_imbalance_within_stage_max']:.3f})",
     ]
-    if plan.get("ns_imbalance_if_split") is not None:
-        lines.append(f"            modelled, not executed: splitting the largest matrices across DP ranks would give "
-                     f"{plan['ns_imbalance_if_split']:.3f} (within a stage "
-                     f"{plan['ns_imbalance_within_stage_max_if_split']:.3f})")
+    split = plan.get("ns_split")
+    if split is not None:
+        how = "executed" if split["executed"] else "not executed here (Megatron owns whole tensors), would give"
+        lines.append(f"            split over DP ranks (target {split['target']}), {how}: "
+                     f"{split['ns_imbalance']:.3f} (within a stage {split['ns_imbalance_within_stage_max']:.3f}, "
+                     f"layout bound {split['ns_imbalance_layout_bound']:.3f}), {split['split_matrices']} matrices "
+                     f"split, +{split['extra_bytes_per_rank_max'] / 2**20:.1f} MiB sent per rank per step")
     t = plan["ns_time_per_step_s_at_peak"]
     if plan["optimizer"] != "muon":
-        lines[-3 if plan.get("ns_imbalance_if_split") is not None else -2:] = [f"NS          none ({plan['optimizer']} runs no Newton–Schulz)"]
+        lines[-3 if split is not None else -2:] = [f"NS          none ({plan['optimizer']} runs no Newton–Schulz)"]
     elif t is None:
         lines.append(f"NS time     n/a (no peak for gpu {plan['gpu']!r})")
     else:

@@ -140,20 +140,27 @@ def kimi() -> dict:
 
 def test_kimi_k2_at_256_gpus_lpt_beats_baselines_and_split_reaches_the_layout_bound(kimi: dict) -> None:
     total = sum(ns_cost(p.shape) for p in matrix_params(KIMI_K2) if p.is_hidden_matrix)
-    for plan in kimi.values():
-        assert sum(f for s in plan.stages for f in s.flops) == pytest.approx(total, rel=1e-12)  # nothing lost
+    for name, plan in kimi.items():
+        executed = sum(f for s in plan.stages for f in s.flops)
+        if name == "lpt+split":  # a split repeats its m³ terms on every member of the block
+            assert total < executed < 1.1 * total
+        else:
+            assert executed == pytest.approx(total, rel=1e-12)  # nothing lost
         assert len(plan.stages) == 4 and all(s.num_ranks == 64 for s in plan.stages)
     lpt, split = kimi["lpt"], kimi["lpt+split"]
     assert lpt.within_stage_imbalance <= min(kimi["round_robin"].within_stage_imbalance,
                                              kimi["ping_pong"].within_stage_imbalance)
     # whole tensors: one fused dense-MLP fc1 (2 x 18432 x 7168) on one rank of stage 0 bounds plain LPT
     assert lpt.within_stage_imbalance > 1.1
-    # splitting the largest matrices over DP ranks removes it; the global figure keeps the 16-vs-13-layer layout
-    assert split.within_stage_imbalance < 1.01
+    # splitting the largest matrices over DP ranks reaches the 1.02 target; the global figure keeps the
+    # 16-vs-13-layer layout
+    assert split.within_stage_imbalance <= 1.02
+    assert all(sp.ranks == tuple(range(sp.ranks[0], sp.ranks[0] + sp.option.ways))  # aligned blocks
+               and sp.ranks[0] % sp.option.ways == 0 for s in split.stages for sp in s.splits.values())
     stage_totals = [sum(s.flops) for s in split.stages]
     layout_bound = max(stage_totals) / (sum(stage_totals) / 4)
     assert layout_bound > 1.06
-    assert layout_bound <= split.global_imbalance < layout_bound * 1.01
+    assert layout_bound <= split.global_imbalance <= layout_bound * 1.02
     d = json.loads(json.dumps(split.to_dict()))
     assert d["gpus"] == 256 and d["layers_per_stage"] == [16, 16, 16, 13]
 

@@ -176,3 +176,20 @@ def test_split_options_cost_and_bytes() -> None:
     assert two.cost > four.cost > eight.cost
     assert split_options([(16, 16)], steps=5)[0].cost < 5 * (4 + 2) * 16**3  # square: either side is the long side
     assert split_options([(3, 5)]) == ()  # nothing divides
+
+
+def test_recipes_split_where_the_engine_executes_it() -> None:
+    """The torch backend takes ``optimizer.ns_split_target`` (and ``nemo-muon plan`` prints the split it executes);
+    the megatron backend refuses it when the recipe is built, naming the field (Megatron owns whole tensors)."""
+    from nemo_muon.recipes.execute import build_recipe
+
+    from nemo_muon.accounting.planner import plan_recipe
+
+    tiny = build_recipe("tiny_kimi_k2_muon", ["optimizer.ns_split_target=1.02"])
+    split = plan_recipe(tiny, 4)["ns_split"]
+    assert split["executed"] is True and split["target"] == 1.02
+    assert plan_recipe(build_recipe("tiny_kimi_k2_muon"), 4)["ns_split"]["executed"] is False
+    with pytest.raises(ValueError, match=r"optimizer.ns_split_target must be None for the megatron backend.*got 1.02"):
+        build_recipe("kimi_k2_muon", ["optimizer.ns_split_target=1.02"])
+    with pytest.raises(ValueError, match=r"muon.ns_split_target must be a number in \[1.0, inf\); got 0.9"):
+        build_recipe("tiny_kimi_k2_muon", ["optimizer.ns_split_target=0.9"])

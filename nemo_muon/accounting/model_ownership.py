@@ -20,10 +20,13 @@ Model (Megatron-Core's layout):
   When etp = tp (Megatron's default) a DP·CP rank's TP ranks hold the same experts and the experts are pinned in
   the same plan; otherwise the DP plan starts from the busiest TP rank's expert load.
 
-``split_large=True`` models what the engine does not do (yet): a free matrix whose cost exceeds
-``split_threshold`` x the stage's mean free load per rank is split into k equal row blocks orthogonalized jointly
-by k DP ranks (distributed NS, Gram matrix all-reduced: exact when split along the long side), communication not
-counted. This is the only way below the LPT bound set by one whole o_proj or dense-MLP matrix on one rank.
+``balance_target`` (``stage_plan``, ``model_plan``; what the layer-wise engines execute, ``nemo-muon plan``'s
+figures): a free hidden matrix can be split over an aligned block of 2, 4 or 8 DP ranks that run its Newton–Schulz
+together (``accounting.ns_split``: distributed NS over the block, its true per-member cost and bytes); LPT splits the
+busiest rank's largest matrix until the stage's max/mean reaches the target (``ownership.plan_ownership``). Only
+with TP = 1 (under TP a matrix is already a shard; a split would nest in the TP mode) and never for routed experts
+(pinned to their EP rank). ``split_gather_update`` counts the extra all-gather of the whole update that Megatron's
+layer-wise optimizer needs (``nemo_muon.megatron.split``); the torch engine shares the slices in its usual buckets.
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_muon._validation import check_choice, check_positive_int, check_range, fail
+from nemo_muon._validation import check_choice, check_positive_int, fail
 from nemo_muon.accounting.layout import Layout
 from nemo_muon.accounting.ns_count import TP_MODES, ns_flops_per_tp_rank, spec_partition_dim
+from nemo_muon.accounting.ns_split import DEFAULT_BALANCE_TARGET, split_options
 from nemo_muon.accounting.ownership import METHODS, Method, OwnershipPlan, PlanItem, max_over_mean, plan_ownership
 from nemo_muon.models.matrices import ParamInfo, is_moe_layer, layer_params, non_layer_params
 from nemo_muon.models.specs import ModelSpec
@@ -53,6 +57,8 @@ class CostModel:
     split_gate_up: bool = True
     split_qkv: bool = True
     tp_mode: str = "duplicated"
+    split_gather_update: bool = False
+    """A split matrix's whole update is all-gathered within its block (Megatron's layer-wise optimizer)."""
 
     def __post_init__(self) -> None:
         check_positive_int("cost.steps", self.steps)
@@ -97,8 +103,17 @@ def _shard(shape: tuple[int, ...], width: int, pdim: int | None) -> tuple[int, .
     return tuple(out)
 
 
+def _split_options(name: str, parts: tuple[tuple[int, ...], ...], layout: Layout, cost: CostModel,
+                   query_groups: int | None) -> tuple[Any, ...]:
+    if layout.tp != 1 or not parts:
+        return ()
+    fused_qkv = len(parts) == 3 and ".linear_qkv." in name
+    return split_options([(p[0], p[1]) for p in parts], steps=cost.steps, syrk=cost.syrk,
+                         query_groups=query_groups if fused_qkv else None, gather_update=cost.split_gather_update)
+
+
 def _layer_tensors(params: list[ParamInfo], layout: Layout, cost: CostModel,
-                   bytes_per_param: int, experts_per_ep: int) -> list[StageTensor]:
+                   bytes_per_param: int, experts_per_ep: int, query_groups: int | None = None) -> list[StageTensor]:
     merged: dict[str, list[ParamInfo]] = {}
     for p in params:
         merged.setdefault(p.tensor_name, []).append(p)
@@ -113,7 +128,9 @@ def _layer_tensors(params: list[ParamInfo], layout: Layout, cost: CostModel,
         shape = _shard((sum(p.shape[0] for p in ps), *ps[0].shape[1:]), width, pdim)  # split parts stack on rows
         parts = tuple(_shard(p.shape, width, pdim) for p in hidden)
         ep_rank = None if ps[0].expert is None else ps[0].expert // experts_per_ep
-        out.append(StageTensor(PlanItem(name, shape, flops, numel * bytes_per_param), parts, ep_rank))
+        options = _split_options(name, parts, layout, cost, query_groups) if ep_rank is None else ()
+        out.append(StageTensor(PlanItem(name, shape, flops, numel * bytes_per_param, split_options=options), parts,
+                               ep_rank))
     return out
 
 
@@ -127,40 +144,28 @@ def stage_tensors(spec: ModelSpec, layout: Layout, pp_rank: int, cost: CostModel
         moe = is_moe_layer(spec, i)
         if moe not in templates:  # every layer of a kind has the same tensors: build once, rename per layer
             ps = layer_params(spec, i, split_gate_up=cost.split_gate_up, split_qkv=cost.split_qkv)
-            templates[moe] = (i, _layer_tensors(ps, layout, cost, bytes_per_param, per_ep))
+            templates[moe] = (i, _layer_tensors(ps, layout, cost, bytes_per_param, per_ep, spec.num_query_groups))
         j, tpl = templates[moe]
         old, new = f"decoder.layers.{j}.", f"decoder.layers.{i}."
         if i == j:
             out += tpl
             continue
         cut = len(old)
-        out += [StageTensor(PlanItem(new + t.item.name[cut:], t.item.shape, t.item.cost, t.item.nbytes), t.parts,
-                            t.ep_rank) for t in tpl]
+        out += [StageTensor(PlanItem(new + t.item.name[cut:], t.item.shape, t.item.cost, t.item.nbytes,
+                                     split_options=t.item.split_options), t.parts, t.ep_rank) for t in tpl]
     first, last = non_layer_params(spec)
     extra = (first if pp_rank == 0 else []) + (last if pp_rank == layout.pp - 1 else [])
-    return out + _layer_tensors(extra, layout, cost, bytes_per_param, per_ep)
-
-
-def _split(items: list[PlanItem], threshold: float) -> list[PlanItem]:
-    out: list[PlanItem] = []
-    for it in items:
-        k = math.ceil(it.cost / threshold) if threshold > 0 and it.cost > threshold else 1
-        if k == 1:
-            out.append(it)
-            continue
-        for j in range(k):
-            out.append(PlanItem(f"{it.name}[rows {j}/{k}]", it.shape, it.cost / k, it.nbytes // k))
-    return out
+    return out + _layer_tensors(extra, layout, cost, bytes_per_param, per_ep, spec.num_query_groups)
 
 
 def stage_plan(spec: ModelSpec, layout: Layout, pp_rank: int, *, method: Method = "lpt",
-               cost: CostModel = CostModel(), split_large: bool = False, split_threshold: float = 0.5,
+               cost: CostModel = CostModel(), balance_target: float | None = None,
                bytes_per_param: int = 2, tensors: list[StageTensor] | None = None) -> StagePlan:
     """Layer-wise ownership of PP rank ``pp_rank``'s tensors and the NS FLOPs of each of its GPUs (module doc).
 
+    ``balance_target`` splits the largest free matrices over DP ranks to reach it (LPT only; module doc).
     ``tensors`` reuses a ``stage_tensors(spec, layout, pp_rank, cost, bytes_per_param)`` list built before."""
     check_choice("method", method, METHODS)
-    check_range("split_threshold", split_threshold, low=0.0, low_inclusive=False)
     if tensors is None:
         tensors = stage_tensors(spec, layout, pp_rank, cost, bytes_per_param)
     tp, etp, ep, edp, dpcp = layout.tp, layout.etp, layout.ep, layout.edp, layout.dp * layout.cp
@@ -180,17 +185,15 @@ def stage_plan(spec: ModelSpec, layout: Layout, pp_rank: int, *, method: Method 
         expert_load[e] = list(first[2])
     gpu_expert = [expert_load[(r // etp) % ep][r // (etp * ep)] for r in range(tp * dpcp)]
     free = [t.item for t in tensors if t.ep_rank is None]
-    if split_large:
-        free = _split(free, split_threshold * sum(it.cost for it in free) / dpcp)
     if tp == etp:  # DP·CP rank b holds EP rank b mod ep's experts of replica b div ep on all of its TP ranks
         pinned = [PlanItem(t.item.name, t.item.shape, t.item.cost, t.item.nbytes,
                            pinned_rank=t.ep_rank + ep * expert_replica[t.item.name])
                   for t in tensors if t.ep_rank is not None]
-        plan = plan_ownership(pinned + free, dpcp, method)
+        plan = plan_ownership(pinned + free, dpcp, method, balance_target=balance_target)
         gpu = [plan.flops[r // tp] for r in range(tp * dpcp)]
     else:
         start = [max(gpu_expert[b * tp:(b + 1) * tp]) for b in range(dpcp)]
-        plan = plan_ownership(free, dpcp, method, initial_flops=start)
+        plan = plan_ownership(free, dpcp, method, initial_flops=start, balance_target=balance_target)
         gpu = [plan.flops[r // tp] - start[r // tp] + gpu_expert[r] for r in range(tp * dpcp)]
     return StagePlan(tensors=tensors, plan=plan, expert_replica=expert_replica, gpu_flops=gpu)
 
@@ -260,7 +263,7 @@ def default_layers_per_stage(num_layers: int, pp: int) -> tuple[int, ...]:
 
 
 def model_plan(spec: ModelSpec, *, dp: int, pp: int = 1, ep: int = 1, layers_per_stage: Sequence[int] | None = None,
-               method: Method = "lpt", split_large: bool = False, split_threshold: float = 0.5, ns_steps: int = 5,
+               method: Method = "lpt", balance_target: float | None = None, ns_steps: int = 5,
                bytes_per_param: int = 2, split_gate_up: bool = True, split_qkv: bool = True) -> ModelPlan:
     """Plan NS ownership for ``spec`` on ``dp * pp`` GPUs (TP=1, CP=1) with expert parallelism ``ep``.
 
@@ -274,7 +277,6 @@ def model_plan(spec: ModelSpec, *, dp: int, pp: int = 1, ep: int = 1, layers_per
     check_positive_int("ep", ep)
     check_positive_int("ns_steps", ns_steps)
     check_choice("method", method, METHODS)
-    check_range("split_threshold", split_threshold, low=0.0, low_inclusive=False)
     if dp % ep:
         raise fail("ep", ep, f"a divisor of dp ({dp})")
     if spec.num_experts and spec.num_experts % ep:
@@ -285,14 +287,14 @@ def model_plan(spec: ModelSpec, *, dp: int, pp: int = 1, ep: int = 1, layers_per
     layout = Layout(world_size=dp * pp, tp=1, pp=pp, vp=1, cp=1, ep=ep, etp=1, dp=dp, edp=dp // ep,
                     num_microbatches=1, stage_layers=lps, uneven=len(set(lps)) > 1)
     cost = CostModel(steps=ns_steps, split_gate_up=split_gate_up, split_qkv=split_qkv)
-    stages = [stage_plan(spec, layout, s, method=method, cost=cost, split_large=split_large,
-                         split_threshold=split_threshold, bytes_per_param=bytes_per_param).plan for s in range(pp)]
-    label = f"{method}+split" if split_large else method
+    stages = [stage_plan(spec, layout, s, method=method, cost=cost, balance_target=balance_target,
+                         bytes_per_param=bytes_per_param).plan for s in range(pp)]
+    label = f"{method}+split" if balance_target is not None else method
     return ModelPlan(model=spec.name, method=label, dp=dp, pp=pp, ep=ep, layers_per_stage=lps, stages=stages)
 
 
 def compare_methods(spec: ModelSpec, **layout: Any) -> dict[str, ModelPlan]:
     """The same layout planned by LPT, LPT with large matrices split, and the two baselines."""
     out = {m: model_plan(spec, method=m, **layout) for m in ("round_robin", "ping_pong", "lpt")}
-    out["lpt+split"] = model_plan(spec, method="lpt", split_large=True, **layout)
+    out["lpt+split"] = model_plan(spec, method="lpt", balance_target=DEFAULT_BALANCE_TARGET, **layout)
     return out

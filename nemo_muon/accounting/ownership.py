@@ -17,8 +17,9 @@ Items that Muon/SOAP precondition carry an NS cost; element-wise items (norms, e
 cost 0 and are balanced by bytes after the matrices. Items can be pinned to a rank (routed experts on their EP rank).
 
 Splitting (``plan_ownership(..., balance_target=...)``, LPT only): while the plan's max/mean exceeds the target, the
-most expensive item of the busiest rank that has a further ``split_options`` entry (``accounting.ns_split``) is
-split one step further (2, 4, 8 ranks) and the plan is redone; the best plan seen is kept. A split item is placed,
+most expensive item of the busiest rank that has a further ``split_options`` entry (``accounting.ns_split``; if the
+busiest rank has none, the most expensive such item anywhere) is split one step further (2, 4, 8 ranks) and the plan
+is redone; the best plan seen is kept. A split item is placed,
 in LPT order by its per-member cost, on the aligned block of ``ways`` ranks whose busiest member is least loaded
 (ties: the lowest block), so the subgroups the engines create are few and fixed; ``owners`` names the block's first
 rank and ``splits`` the whole placement.
@@ -259,8 +260,9 @@ def plan_ownership(items: Sequence[PlanItem], num_ranks: int, method: Method = "
         if plan.imbalance <= balance_target:
             break
         busiest = max(range(num_ranks), key=lambda r: (plan.flops[r], -r))
-        held = [n for n, opts in options.items() if level.get(n, 0) < len(opts)
-                and busiest in (plan.splits[n].ranks if n in plan.splits else (plan.owners[n],))]
+        open_ = [n for n, opts in options.items() if level.get(n, 0) < len(opts)]
+        held = [n for n in open_ if busiest in (plan.splits[n].ranks if n in plan.splits else (plan.owners[n],))]
+        held = held or open_  # nothing left to split on the busiest rank: free LPT room with the largest elsewhere
         if not held:
             break
         pick = max(held, key=lambda n: (plan.splits[n].option.cost, cost_of[n][1]) if n in plan.splits else cost_of[n])

@@ -12,8 +12,11 @@ Torch-free. What it models (docs/flops.md has the rules and the arithmetic):
   matrix when not (the megatron recipes: ``split_gate_up=False``); routed experts stay on their EP rank (LPT over
   its edp replicas), the stage's other tensors go by LPT over the dp·cp ranks starting from their expert load.
   Without layer-wise ownership every replica orthogonalizes all of its matrices. Costs are the NS FLOPs one TP
-  rank executes for the recipe's TP mode. ``ns_imbalance_if_split`` (+ ``_within_stage_max_if_split``,
-  ``ns_flops_per_rank_max_if_split``) is modelled, not executed: the largest matrices split over DP ranks.
+  rank executes for the recipe's TP mode. With Muon's ``ns_split_target`` (torch backend) the plan is the split one
+  the layer-wise engine executes (``stage_plan(balance_target=...)``); ``ns_split`` reports that plan's figures
+  (split matrices, extra bytes per rank, the pipeline layout's bound on the global max/mean) and, for a recipe
+  that does not split (the megatron backend: Megatron's layer-wise optimizer owns whole tensors), what a split
+  at the default target would give, marked ``executed: false``.
 - Optimizer state = fp32 master weights + optimizer moments per rank (bf16 weights and gradients are the same for
   every optimizer and left out): AdamW 12 B/param sharded over dp·cp (experts over edp) like Megatron's
   distributed optimizer; Muon 8 B (master + momentum) per element of the matrices a rank owns, AdamW's 12 B for the
@@ -32,6 +35,7 @@ from nemo_muon.accounting.layout import Layout, validate_layout
 from nemo_muon.accounting.model_flops import model_flops_per_token
 from nemo_muon.accounting.model_ownership import CostModel, StagePlan, StageTensor, stage_plan
 from nemo_muon.accounting.ns_count import matrix_ns_flops
+from nemo_muon.accounting.ns_split import DEFAULT_BALANCE_TARGET
 from nemo_muon.accounting.ownership import max_over_mean
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.config.recipe import TrainingRecipe
@@ -82,6 +86,12 @@ def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool) -> list[_Rank]:
                 e_adam[t.ep_rank] += t.item.numel
             continue
         if t.ep_rank is None:
+            split = sp.plan.splits.get(t.item.name) if layerwise else None
+            if split is not None:  # each member of the block owns one slice
+                for b in split.ranks:
+                    d_numel[b] += t.item.numel // split.option.ways
+                    d_ns[b] += split.option.cost
+                continue
             for b in [sp.plan.owners[t.item.name]] if layerwise else range(dpcp):
                 d_numel[b] += t.item.numel
                 d_soap[b] += _soap_elems(t)
@@ -132,20 +142,25 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     stage_imbalance: list[float] = []
     stage_max: list[float] = []
     stage_min: list[float] = []
-    split_loads: list[float] = []
-    split_within = 1.0
+    target = opt.ns_split_target if is_muon and recipe.layerwise else None
+    split_target = target if target is not None else DEFAULT_BALANCE_TARGET
+    split_loads: list[list[float]] = []
+    split_plans: list[StagePlan] = []
     opt_bytes: dict[str, float] = {"adamw": 0.0, "muon": 0.0, "soap": 0.0}
     opt_name = "muon" if is_muon else ("soap" if isinstance(opt, SoapConfig) else "adamw")
     recipe_opt_bytes = 0.0
     gather_max = gather_total = 0.0
     for p in range(layout.pp):
-        sp = stage_plan(spec, layout, p, cost=cost)
+        sp = stage_plan(spec, layout, p, cost=cost, balance_target=target)
         layerwise = _stage_ranks(layout, sp, True)
         stage = layerwise if recipe.layerwise else _stage_ranks(layout, sp, False)
         dense_numel = sum(t.item.numel for t in sp.tensors if t.ep_rank is None)
         expert_numel = sum(t.item.numel for t in sp.tensors if t.ep_rank == 0)
         if is_muon and recipe.layerwise:
-            split_loads += stage_plan(spec, layout, p, cost=cost, split_large=True, tensors=sp.tensors).gpu_flops
+            ssp = sp if target is not None else stage_plan(spec, layout, p, cost=cost, balance_target=split_target,
+                                                           tensors=sp.tensors)
+            split_plans.append(ssp)
+            split_loads.append(ssp.gpu_flops)
         for rk, lw in zip(stage, layerwise, strict=True):
             # the comparison across optimizers uses layer-wise ownership for Muon/SOAP, Megatron's DistOpt for AdamW
             for k, v in _optimizer_bytes(lw, dense_numel, expert_numel, layout).items():
@@ -164,9 +179,6 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
         stage_imbalance.append(max_over_mean(loads))
         stage_max.append(max(loads))
         stage_min.append(min(loads))
-        if split_loads:
-            split_stage = split_loads[-len(stage):]
-            split_within = max(split_within, max_over_mean(split_stage))
         ranks += stage
     useful = _useful_ns_flops(spec, split, steps, syrk) if is_muon else 0.0
     loads = [rk.ns for rk in ranks] if is_muon else [0.0] * len(ranks)
@@ -199,7 +211,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
         "ns_flops_per_rank_mean": rank_mean,
         "ns_imbalance": max_over_mean(loads),
         "ns_imbalance_within_stage_max": max(stage_imbalance),
-        **_if_split(split_loads, split_within),
+        "ns_split": _split_summary(split_plans, split_loads, split_target, target is not None),
         "ns_flops_per_pp_rank_max": stage_max,
         "ns_flops_per_pp_rank_min": stage_min,
         "ns_to_model_flops": useful / (flops.total * tokens),
@@ -219,21 +231,27 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     return out
 
 
-SPLIT_NOTE = (
-    "modelled, not executed (nemo_muon.accounting.model_ownership split_large): a matrix costing more than half a "
-    "stage's mean free NS load per DP rank is split into row blocks orthogonalized jointly by that many DP ranks "
-    "(distributed NS); communication not counted; null without layer-wise Muon"
-)
-
-
-def _if_split(loads: list[float], within: float) -> dict[str, Any]:
-    """The modelled split-large-matrices figures (None when the recipe has no layer-wise Muon)."""
-    mean = sum(loads) / len(loads) if loads else 0.0
+def _split_summary(plans: list[StagePlan], loads: list[list[float]], target: float,
+                   executed: bool) -> dict[str, Any] | None:
+    """The split plan's figures (None without layer-wise Muon): see the module doc."""
+    if not plans:
+        return None
+    every = [f for stage in loads for f in stage]
+    mean = sum(every) / len(every)
+    stage_means = [sum(stage) / len(stage) for stage in loads]
     return {
-        "ns_imbalance_if_split": max(loads) / mean if mean > 0 else None,
-        "ns_imbalance_within_stage_max_if_split": within if mean > 0 else None,
-        "ns_flops_per_rank_max_if_split": max(loads) if mean > 0 else None,
-        "ns_if_split_note": SPLIT_NOTE,
+        "target": target,
+        "executed": executed,
+        "note": None if executed else (
+            "not executed: the megatron backend runs Megatron-Core's layer-wise optimizer, which owns whole "
+            "tensors (docs/layerwise.md, split ownership); the figures are what the torch engine's split would give"),
+        "ns_imbalance_within_stage_max": max(max_over_mean(stage) for stage in loads),
+        "ns_imbalance": max(every) / mean if mean > 0 else 1.0,
+        "ns_imbalance_layout_bound": max(stage_means) / mean if mean > 0 else 1.0,
+        "ns_flops_per_rank_max": max(every),
+        "split_matrices": sum(len(sp.plan.splits) for sp in plans),
+        "ways": sorted({s.option.ways for sp in plans for s in sp.plan.splits.values()}),
+        "extra_bytes_per_rank_max": max(max(sp.plan.split_bytes) for sp in plans),
     }
 
 

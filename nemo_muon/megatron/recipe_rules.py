@@ -56,6 +56,10 @@ def check_megatron_recipe(recipe: TrainingRecipe) -> None:
     if timeout % 60:
         raise ValueError(f"system.collective_timeout_s must be a whole number of minutes for the megatron backend "
                          f"(Bridge's dist.distributed_timeout_minutes); got {sys_.collective_timeout_s!r}")
+    if getattr(recipe.optimizer, "ns_split_target", None) is not None:
+        raise ValueError(f"optimizer.ns_split_target must be None for the megatron backend (Megatron-Core's layer-wise "
+                         f"optimizer owns whole tensors; split ownership runs in the torch backend's engine, see "
+                         f"docs/layerwise.md); got {recipe.optimizer.ns_split_target!r}")
     check_recipe_stack(recipe)
     versions, where = target_stack()
     api = api_for_version(versions[MCORE] or "0.16")
