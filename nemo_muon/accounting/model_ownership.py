@@ -264,7 +264,8 @@ def default_layers_per_stage(num_layers: int, pp: int) -> tuple[int, ...]:
 
 def model_plan(spec: ModelSpec, *, dp: int, pp: int = 1, ep: int = 1, layers_per_stage: Sequence[int] | None = None,
                method: Method = "lpt", balance_target: float | None = None, ns_steps: int = 5,
-               bytes_per_param: int = 2, split_gate_up: bool = True, split_qkv: bool = True) -> ModelPlan:
+               bytes_per_param: int = 2, split_gate_up: bool = True, split_qkv: bool = True,
+               split_gather_update: bool = False) -> ModelPlan:
     """Plan NS ownership for ``spec`` on ``dp * pp`` GPUs (TP=1, CP=1) with expert parallelism ``ep``.
 
     Stage s holds ``layers_per_stage[s]`` consecutive layers (default: an even split; pass
@@ -286,7 +287,8 @@ def model_plan(spec: ModelSpec, *, dp: int, pp: int = 1, ep: int = 1, layers_per
         raise fail("layers_per_stage", lps, f"{pp} positive layer counts summing to num_layers ({spec.num_layers})")
     layout = Layout(world_size=dp * pp, tp=1, pp=pp, vp=1, cp=1, ep=ep, etp=1, dp=dp, edp=dp // ep,
                     num_microbatches=1, stage_layers=lps, uneven=len(set(lps)) > 1)
-    cost = CostModel(steps=ns_steps, split_gate_up=split_gate_up, split_qkv=split_qkv)
+    cost = CostModel(steps=ns_steps, split_gate_up=split_gate_up, split_qkv=split_qkv,
+                     split_gather_update=split_gather_update)
     stages = [stage_plan(spec, layout, s, method=method, cost=cost, balance_target=balance_target,
                          bytes_per_param=bytes_per_param).plan for s in range(pp)]
     label = f"{method}+split" if balance_target is not None else method

@@ -13,10 +13,11 @@ Torch-free. What it models (docs/flops.md has the rules and the arithmetic):
   its edp replicas), the stage's other tensors go by LPT over the dp·cp ranks starting from their expert load.
   Without layer-wise ownership every replica orthogonalizes all of its matrices. Costs are the NS FLOPs one TP
   rank executes for the recipe's TP mode. With Muon's ``ns_split_target`` (torch backend) the plan is the split one
-  the layer-wise engine executes (``stage_plan(balance_target=...)``); ``ns_split`` reports that plan's figures
-  (split matrices, extra bytes per rank, the pipeline layout's bound on the global max/mean) and, for a recipe
-  that does not split (the megatron backend: Megatron's layer-wise optimizer owns whole tensors), what a split
-  at the default target would give, marked ``executed: false``.
+  the layer-wise engine executes (``stage_plan(balance_target=...)``: the torch engine, or our ownership inside
+  Megatron-Core 0.16's layer-wise optimizer, which also all-gathers the update within the block:
+  ``CostModel.split_gather_update``); ``ns_split`` reports that plan's figures (split matrices, extra bytes per
+  rank, the pipeline layout's bound on the global max/mean) and, for a recipe without a target, what a split at
+  the default target would give, marked ``executed: false``.
 - Optimizer state = fp32 master weights + optimizer moments per rank (bf16 weights and gradients are the same for
   every optimizer and left out): AdamW 12 B/param sharded over dp·cp (experts over edp) like Megatron's
   distributed optimizer; Muon 8 B (master + momentum) per element of the matrices a rank owns, AdamW's 12 B for the
@@ -137,7 +138,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     tp_mode = opt.tp_mode if is_muon else "duplicated"
     split = {"split_gate_up": opt.split_gate_up, "split_qkv": opt.split_qkv} if is_muon else \
         {"split_gate_up": True, "split_qkv": True}
-    cost = CostModel(steps=steps, syrk=syrk, tp_mode=tp_mode, **split)
+    cost = CostModel(steps=steps, syrk=syrk, tp_mode=tp_mode, split_gather_update=recipe.backend == "megatron", **split)
     ranks: list[_Rank] = []
     stage_imbalance: list[float] = []
     stage_max: list[float] = []
@@ -243,8 +244,8 @@ def _split_summary(plans: list[StagePlan], loads: list[list[float]], target: flo
         "target": target,
         "executed": executed,
         "note": None if executed else (
-            "not executed: the megatron backend runs Megatron-Core's layer-wise optimizer, which owns whole "
-            "tensors (docs/layerwise.md, split ownership); the figures are what the torch engine's split would give"),
+            "not executed: optimizer.ns_split_target is None (whole-tensor ownership); set it to run this split "
+            "(torch backend; megatron backend on Megatron-Core 0.16 with engine nemo_muon and TP=1)"),
         "ns_imbalance_within_stage_max": max(max_over_mean(stage) for stage in loads),
         "ns_imbalance": max(every) / mean if mean > 0 else 1.0,
         "ns_imbalance_layout_bound": max(stage_means) / mean if mean > 0 else 1.0,

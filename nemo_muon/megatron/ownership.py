@@ -9,6 +9,14 @@ returns a subclass whose ``shard_params`` places the matrix optimizer's paramete
 Megatron does, each within its own domain (dense over ``dp_cp``, experts over ``expt_dp``). Everything else
 (all-gather of the owned shards, master weights, checkpoints) is Megatron's, unchanged.
 
+Split ownership (``MuonConfig.ns_split_target``, 0.16, Muon, TP = 1): the dense matrices are planned by
+`nemo_muon.accounting.ownership.plan_ownership` with a balance target, exactly as the torch engine plans them
+(``accounting.ns_split``, counting the extra all-gather of the update). A split matrix stays whole in the optimizer
+of every member of its block (each holds the fp32 master and the momentum, and receives the full reduced gradient:
+0.16's DDP all-reduces); our Muon runs its Newton–Schulz distributed over the block (`Muon.share_split`), so every
+member computes the identical update; the block's first rank shares the parameter in Megatron's all-gather. The
+gradient norm and zero count skip the other members' copies, and their checkpoint tensors are marked as replicas.
+
 Megatron-Core 0.18+ takes ownership from a parameter layout computed when DDP is built
 (``LayerWiseDistributedOptimizer.compute_full_param_layout``, called by ``megatron.training``'s
 ``wrap_model_chunks_with_ddp`` before any optimizer exists): the builder cannot choose it there, so 0.18+ keeps
@@ -20,8 +28,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from nemo_muon.accounting.ownership import lpt_assign, ns_cost, ping_pong_assign, soap_cost
-from nemo_muon.optim.muon import Muon
+from nemo_muon.accounting.ns_split import split_options
+from nemo_muon.accounting.ownership import PlanItem, ns_cost, ping_pong_assign, plan_ownership, soap_cost
+from nemo_muon.optim.fused import split_parts
+from nemo_muon.optim.muon import Muon, SplitShare
 from nemo_muon.optim.soap import SOAP
 
 
@@ -32,6 +42,20 @@ def matrix_cost(optimizer: Muon | SOAP, shape: tuple[int, ...]) -> float:
     return ns_cost(shape, optimizer.defaults["ns_steps"])
 
 
+def _matrix_item(optimizer: Muon | SOAP, p: Any, key: str, splittable: bool) -> PlanItem:
+    """The plan item of one matrix: the update cost of the parts our optimizer runs, and Muon's split options."""
+    shape = tuple(p.shape)
+    nbytes = p.numel() * p.element_size()
+    if isinstance(optimizer, SOAP):
+        return PlanItem(key, shape, matrix_cost(optimizer, shape), nbytes)
+    parts = [tuple(t.shape) for t in split_parts(p.detach()[..., :1], optimizer.route_of(p), key)]
+    parts = [(r, shape[-1]) for r, _ in parts]
+    steps = optimizer.defaults["ns_steps"]
+    cost = sum(ns_cost(part, steps) for part in parts)
+    options = split_options(parts, steps=steps, gather_update=True) if splittable else ()
+    return PlanItem(key, shape, cost, nbytes, split_options=options)
+
+
 @functools.cache
 def ns_balanced_class() -> type:
     """Megatron-Core 0.16's `LayerWiseDistributedOptimizer` with ownership by NS cost (see the module doc)."""
@@ -39,7 +63,14 @@ def ns_balanced_class() -> type:
     from megatron.core.utils import get_pg_rank, get_pg_size
 
     class NsBalancedLayerWiseOptimizer(LayerWiseDistributedOptimizer):
-        """`LayerWiseDistributedOptimizer` whose matrices are owned by LPT on their update cost."""
+        """`LayerWiseDistributedOptimizer` whose matrices are owned by LPT on their update cost, the largest split
+        over blocks of DP ranks with ``split_target`` (module doc)."""
+
+        def __init__(self, optimizers: list[Any], config: Any, pg_collection: Any = None,
+                     init_state_fn_list: list[Any] | None = None, *, split_target: float | None = None) -> None:
+            self.split_target = split_target
+            self.split_plan: Any = None
+            super().__init__(optimizers, config, pg_collection, init_state_fn_list)
 
         def shard_params(self, optimizers: list[Any]) -> None:
             pgs = self.pg_collection
@@ -47,6 +78,8 @@ def ns_balanced_class() -> type:
                 self.dp_cp_params_list = None
                 self.expt_dp_params_list = None
                 return
+            matrix_opt = optimizers[0]
+            split = self.split_target is not None and isinstance(matrix_opt, Muon) and matrix_opt.tp_group is None
             groups = [(g, i == 0) for i, opt in enumerate(optimizers) for g in opt.param_groups]
             domains = {False: (pgs.dp_cp, []), True: (pgs.expt_dp, [])}  # is_expert_parallel -> (group, params)
             for index, (group, is_matrix) in enumerate(groups):
@@ -58,11 +91,21 @@ def ns_balanced_class() -> type:
                 size, rank = get_pg_size(pg), get_pg_rank(pg)
                 matrices = [x for x in params if x[2]]
                 others = [x for x in params if not x[2]]
-                matrix_owner = lpt_assign([matrix_cost(optimizers[0], tuple(p.shape)) for p, _, _ in matrices], size)
+                target = self.split_target if split and not expert else None
+                items = [_matrix_item(matrix_opt, p, str(k), target is not None) for k, (p, _, _) in
+                         enumerate(matrices)]
+                plan = plan_ownership(items, size, "lpt", balance_target=target)
+                if target is not None:
+                    self.split_plan = plan
+                    self._share_splits(matrix_opt, plan, [p for p, _, _ in matrices], pg, rank)
                 other_owner = ping_pong_assign([p.numel() for p, _, _ in others], size)
                 per_rank: list[list[Any]] = [[] for _ in range(size)]
-                for (p, index, _), owner in [*zip(matrices, matrix_owner, strict=True),
-                                             *zip(others, other_owner, strict=True)]:
+                for k, (p, index, _) in enumerate(matrices):
+                    sp = plan.splits.get(str(k))
+                    per_rank[plan.owners[str(k)]].append(p)  # the block's first rank shares it
+                    if (sp is not None and rank in sp.ranks) or (sp is None and plan.owners[str(k)] == rank):
+                        kept[index].append(p)
+                for (p, index, _), owner in zip(others, other_owner, strict=True):
                     per_rank[owner].append(p)
                     if owner == rank:
                         kept[index].append(p)
@@ -73,5 +116,67 @@ def ns_balanced_class() -> type:
             expert_lists = lists[True]
             self.expt_dp_params_list = (None if get_pg_size(pgs.expt_dp) == 1 or not any(expert_lists)
                                         else expert_lists)
+
+        @staticmethod
+        def _share_splits(muon: Muon, plan: Any, params: list[Any], pg: Any, rank: int) -> None:
+            from nemo_muon.layerwise.split_groups import block_groups
+
+            blocks = block_groups(plan, pg, rank)
+            for k, p in enumerate(params):
+                sp = plan.splits.get(str(k))
+                if sp is not None and rank in sp.ranks:
+                    muon.share_split(p, SplitShare(blocks[sp.ranks], sp.ranks.index(rank), sp.option.ways,
+                                                   sp.option.dim))
+
+        def _helper_copies(self) -> set[int]:
+            """ids of the main params this rank holds only to help orthogonalize (not the block's first rank)."""
+            out: set[int] = set()
+            for sub in self.chained_optimizers:
+                raw = getattr(sub, "optimizer", None)
+                if isinstance(raw, Muon):
+                    out |= {id(p) for g in raw.param_groups for p in g["params"]
+                            if (s := raw.split_share(p)) is not None and s.index != 0}
+            return out
+
+        def get_grad_norm(self) -> float:
+            helpers = self._helper_copies()
+            if not helpers:
+                return super().get_grad_norm()
+            from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
+
+            skip = {id(p.grad) for sub in self.chained_optimizers for p in sub.get_parameters()
+                    if id(p) in helpers and p.grad is not None}
+            grads = [g for sub in self.chained_optimizers for g in sub.get_main_grads_for_grad_norm()
+                     if id(g) not in skip]
+            return get_grad_norm_fp32(grads, grad_stats_parallel_group=None)
+
+        def count_zeros(self) -> float:
+            helpers = self._helper_copies()
+            if not helpers:
+                return super().count_zeros()
+            from megatron.core.optimizer.clip_grads import count_zeros_fp32
+
+            params = [p for sub in self.chained_optimizers for p in sub.get_parameters() if id(p) not in helpers]
+            return count_zeros_fp32(params, grad_stats_parallel_group=None,
+                                    use_decoupled_grad=self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+
+        def sharded_state_dict(self, model_sharded_state_dict: Any, is_loading: bool = False, **kwargs: Any) -> Any:
+            out = super().sharded_state_dict(model_sharded_state_dict, is_loading, **kwargs)
+            helpers = self._helper_copies()
+            if not helpers:
+                return out
+            from megatron.core.dist_checkpointing.dict_utils import nested_values
+
+            copies = set(helpers)
+            for sub in self.chained_optimizers:
+                raw = getattr(sub, "optimizer", None)
+                if isinstance(raw, Muon):
+                    copies |= {id(v) for p, st in raw.state.items() if id(p) in helpers for v in st.values()
+                               if hasattr(v, "shape")}
+            for sh in nested_values(out):  # the first member's copy is the main replica
+                if hasattr(sh, "replica_id") and id(getattr(sh, "data", None)) in copies:
+                    rid = sh.replica_id
+                    sh.replica_id = 1 if isinstance(rid, int) else (*rid[:2], 1)
+            return out
 
     return NsBalancedLayerWiseOptimizer

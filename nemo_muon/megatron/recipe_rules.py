@@ -33,6 +33,26 @@ def _check_architecture(recipe: TrainingRecipe) -> None:
                          f" got {shown}")
 
 
+def _check_split(recipe: TrainingRecipe, mcore: str | None, where: str) -> None:
+    """``optimizer.ns_split_target`` runs inside our ownership of Megatron-Core 0.16's layer-wise optimizer only
+    (`nemo_muon.megatron.ownership`): engine nemo_muon, TP = 1; 0.18+ takes ownership from DDP's layout."""
+    target = getattr(recipe.optimizer, "ns_split_target", None)
+    if target is None:
+        return
+    from nemo_muon.megatron.optimizer_config import API_016, api_for_version
+
+    why = None
+    if getattr(recipe.optimizer, "engine", None) != "nemo_muon":
+        why = "optimizer.engine='nemo_muon' (Megatron's own Muon owns whole tensors)"
+    elif recipe.parallelism.tp != 1:
+        why = f"parallelism.tp=1 (a split inside a tensor-parallel shard is not supported; got tp={recipe.parallelism.tp})"
+    elif mcore is not None and api_for_version(mcore) != API_016:
+        why = (f"Megatron-Core 0.16 (on {mcore}, {where}, ownership comes from the parameter layout DDP computes "
+               "before the optimizer exists)")
+    if why is not None:
+        raise ValueError(f"optimizer.ns_split_target must be None unless the run uses {why}; got {target!r}")
+
+
 def check_megatron_recipe(recipe: TrainingRecipe) -> None:
     """Raise a ValueError naming the field, the value and what is allowed for anything the megatron backend refuses."""
     from nemo_muon.megatron.bridge import bridge_field_overrides, bridge_optimizer_spec, bridge_recipe_kwargs
@@ -56,12 +76,9 @@ def check_megatron_recipe(recipe: TrainingRecipe) -> None:
     if timeout % 60:
         raise ValueError(f"system.collective_timeout_s must be a whole number of minutes for the megatron backend "
                          f"(Bridge's dist.distributed_timeout_minutes); got {sys_.collective_timeout_s!r}")
-    if getattr(recipe.optimizer, "ns_split_target", None) is not None:
-        raise ValueError(f"optimizer.ns_split_target must be None for the megatron backend (Megatron-Core's layer-wise "
-                         f"optimizer owns whole tensors; split ownership runs in the torch backend's engine, see "
-                         f"docs/layerwise.md); got {recipe.optimizer.ns_split_target!r}")
     check_recipe_stack(recipe)
     versions, where = target_stack()
+    _check_split(recipe, versions[MCORE], where)
     api = api_for_version(versions[MCORE] or "0.16")
     try:
         bridge_optimizer_spec(recipe, fields=set(API_FIELDS[api]))

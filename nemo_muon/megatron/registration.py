@@ -71,6 +71,8 @@ class _OnMegatronParams:
             if old in self._routes:
                 self._routes[new] = self._routes.pop(old)
                 self._names[new] = self._names.pop(old)
+            if isinstance(self, Muon):
+                self.move_split(old, new)
 
 
 class MegatronMuon(_OnMegatronParams, Muon):
@@ -277,8 +279,15 @@ def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: An
     init_fns = [init_matrix_state] + [_init_adam_state] * len(adam.chained_optimizers)
     if ownership not in OWNERSHIPS:
         raise ValueError(f"ownership must be one of {OWNERSHIPS}; got {ownership!r}")
-    cls = ns_balanced_class() if ownership == "ns_cost" else LayerWiseDistributedOptimizer
-    layer_wise = cls(optimizers, config, pg_collection, init_state_fn_list=init_fns)
+    target = getattr(ours, "ns_split_target", None)
+    if ownership == "ns_cost":
+        layer_wise = ns_balanced_class()(optimizers, config, pg_collection, init_state_fn_list=init_fns,
+                                         split_target=target)
+    elif target is not None:
+        raise ValueError(f"ns_split_target needs ownership='ns_cost' (the split is planned with it); got "
+                         f"ownership={ownership!r}, ns_split_target={target!r}")
+    else:
+        layer_wise = LayerWiseDistributedOptimizer(optimizers, config, pg_collection, init_state_fn_list=init_fns)
     rekey_after_wrapping(layer_wise)
     return apply_nonfinite_policy(layer_wise, nonfinite_policy(ours))
 
@@ -298,6 +307,9 @@ def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: An
     here; the kwargs come from the Megatron config's muon_* / soap_* fields)."""
     from megatron.core.optimizer import get_megatron_optimizer
 
+    if getattr(ours, "ns_split_target", None) is not None:
+        raise ValueError(f"optimizer.ns_split_target must be None on Megatron-Core >= 0.18 (ownership comes from the "
+                         f"parameter layout DDP computes before the optimizer exists); got {ours.ns_split_target!r}")
     register_with_megatron()
     config = copy.copy(config)
     config.optimizer = REGISTERED_SOAP_NAME if isinstance(ours, SoapConfig) else REGISTERED_NAME

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ import torch.distributed as dist
 
 from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, SCALE_MODES, MuonConfig
 from nemo_muon.optim.fused import merge_parts, split_parts
-from nemo_muon.optim.ns_iteration import newton_schulz_many
+from nemo_muon.optim.ns_iteration import gather_shards, newton_schulz_many
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
 from nemo_muon.optim.routing import FusedLayout, MatrixRule
 
@@ -66,6 +67,18 @@ def newton_schulz_stacked(xs: list[torch.Tensor], steps: int, coefficients: str,
         for i, piece in zip(idx, y.split(sizes) if y.ndim == 3 else [y], strict=True):
             out[i] = piece.reshape(xs[i].shape)
     return out  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class SplitShare:
+    """This rank's share of a whole matrix whose Newton–Schulz an aligned block of data-parallel ranks runs
+    together (`Muon.share_split`): member ``index`` of ``group``'s ``ways`` ranks orthogonalizes slice ``index``
+    along ``dim`` of every part (Megatron's TP shard convention), and the block all-gathers the slices."""
+
+    group: dist.ProcessGroup
+    index: int
+    ways: int
+    dim: int
 
 
 class Muon(RoutedOptimizer):
@@ -129,29 +142,87 @@ class Muon(RoutedOptimizer):
             params, defaults, nonfinite=nonfinite, master_weights=master_weights, matrix_rule=matrix_rule,
             fused_layouts=fused_layouts, split_qkv=split_qkv, split_gate_up=split_gate_up, adamw_lr=adamw_lr,
         )
+        self._splits: dict[torch.Tensor, SplitShare] = {}
+
+    def share_split(self, p: torch.Tensor, share: SplitShare) -> None:
+        """Run ``p``'s Newton–Schulz with the other members of ``share.group`` (each holds ``p`` whole and the same
+        gradient; all step together): the result equals the whole matrix's NS within fp32 rounding, at 1/ways of
+        the m²n FLOPs per member plus the Gram all-reduces and one all-gather of the update (``ns_split``)."""
+        if self._routes.get(p) is None or self._routes[p].algorithm == "adamw" or p.dim() != 2:
+            raise ValueError(f"share_split: parameter {self._names.get(p)!r} must be a 2-D matrix of this optimizer")
+        if self.tp_group is not None:
+            raise ValueError("share_split needs tp_group=None (a split inside a tensor-parallel shard is not "
+                             "supported)")
+        self._splits[p] = share
+
+    def move_split(self, old: torch.Tensor, new: torch.Tensor) -> None:
+        """Carry a split share over when a wrapper replaces a parameter (e.g. by its fp32 master copy)."""
+        if old in self._splits:
+            self._splits[new] = self._splits.pop(old)
+
+    def split_share(self, p: torch.Tensor) -> SplitShare | None:
+        """``p``'s split share, or None when this rank orthogonalizes it alone."""
+        return self._splits.get(p)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
         MuonConfig(**{k: tuple(group[k]) if k == "adamw_betas" else group[k] for k in self._group_fields})
 
     def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
         """Without TP, one parameter at a time (peak memory: one extra momentum-sized tensor), or all together with
-        same-shape matrices stacked (``batch_ns``); with TP, all together so that their collectives are fused."""
+        same-shape matrices stacked (``batch_ns``); with TP, all together so that their collectives are fused.
+        Split matrices (``share_split``) together, after the others."""
+        split = [it for it in items if it.param in self._splits]
+        whole = [it for it in items if it.param not in self._splits]
         if self.tp_group is None and not self.batch_ns:
-            return [u for it in items for u in self._orthogonalized([it])]
-        return self._orthogonalized(items)
+            out = [u for it in whole for u in self._orthogonalized([it])]
+        else:
+            out = self._orthogonalized(whole) if whole else []
+        if not split:
+            return out
+        by_param = dict(zip((it.param for it in whole), out, strict=True))
+        by_param.update(zip((it.param for it in split), self._split_orthogonalized(split), strict=True))
+        return [by_param[it.param] for it in items]
+
+    @staticmethod
+    def _ns_input(it: MatrixItem) -> list[torch.Tensor]:
+        """Momentum step, then the NS input (Nesterov look-ahead or the buffer) split into its fused parts."""
+        g = it.group
+        if "momentum_buffer" not in it.state:
+            it.state["momentum_buffer"] = torch.zeros_like(it.grad)
+        buf = it.state["momentum_buffer"]
+        buf.lerp_(it.grad, 1 - g["momentum"])
+        u = it.grad.lerp(buf, g["momentum"]) if g["nesterov"] else buf
+        return split_parts(u, it.route, it.name)
+
+    def _split_orthogonalized(self, items: list[MatrixItem]) -> list[torch.Tensor]:
+        """Each member orthogonalizes its slice of every part (distributed NS over the block), then the block
+        all-gathers the slices: every member gets the whole, identical update."""
+        parts = [self._ns_input(it) for it in items]
+        outs: list[list[torch.Tensor | None]] = [[None] * len(ps) for ps in parts]
+        keys: dict[tuple, list[int]] = {}
+        for i, it in enumerate(items):
+            share, g = self._splits[it.param], it.group
+            keys.setdefault((share.group, share.ways, share.index, share.dim, g["ns_steps"], g["coefficients"],
+                             g["ns_precision"]), []).append(i)
+        for (group, ways, index, dim, steps, coeffs, precision), idx in keys.items():
+            where = [(i, j) for i in idx for j in range(len(parts[i]))]
+            slices = [parts[i][j].chunk(ways, dim=dim)[index].contiguous() for i, j in where]
+            ys = newton_schulz_many(slices, steps, coeffs, tp_group=group, tp_mode="distributed",
+                                    partition_dims=[dim] * len(slices), precision=precision)
+            for (i, j), y in zip(where, gather_shards(ys, [dim - 2] * len(ys), group), strict=True):
+                outs[i][j] = y
+        updates = []
+        for i, it in enumerate(items):
+            g = it.group
+            scaled = [y * (muon_scale(y.shape[-2], y.shape[-1], g["scale_mode"]) * g["extra_scale_factor"])
+                      for y in outs[i]]
+            updates.append(merge_parts(scaled, it.route, it.grad))
+        return updates
 
     def _orthogonalized(self, items: list[MatrixItem]) -> list[torch.Tensor]:
         world = 1 if self.tp_group is None else dist.get_world_size(self.tp_group)
         # 1. momentum and NS input per param, split into parts
-        parts: list[list[torch.Tensor]] = []
-        for it in items:
-            g = it.group
-            if "momentum_buffer" not in it.state:
-                it.state["momentum_buffer"] = torch.zeros_like(it.grad)
-            buf = it.state["momentum_buffer"]
-            buf.lerp_(it.grad, 1 - g["momentum"])
-            u = it.grad.lerp(buf, g["momentum"]) if g["nesterov"] else buf
-            parts.append(split_parts(u, it.route, it.name))
+        parts = [self._ns_input(it) for it in items]
         # 2. NS for all parts with the same NS settings together (TP collectives fused)
         outs: list[list[torch.Tensor | None]] = [[None] * len(ps) for ps in parts]
         keys: dict[tuple, list[tuple[int, int]]] = {}

@@ -70,8 +70,9 @@ class _BucketedAllReduce:
         return out
 
 
-def _gather_full(shards: list[torch.Tensor], dims: list[int], group: dist.ProcessGroup) -> list[torch.Tensor]:
-    """All-gather every shard in one collective and rebuild each full matrix along its partition dim."""
+def gather_shards(shards: list[torch.Tensor], dims: list[int], group: dist.ProcessGroup) -> list[torch.Tensor]:
+    """All-gather every shard in one collective and rebuild each full matrix along its partition dim (equal shards,
+    group rank order)."""
     flat = torch.cat([s.reshape(-1) for s in shards])
     world = dist.get_world_size(group)
     parts = [torch.empty_like(flat) for _ in range(world)]
@@ -163,7 +164,7 @@ def newton_schulz_many(
     work = [x.float() for x in xs]
     all_gather_calls = 0
     if dup:
-        fulls = _gather_full([work[i] for i in dup], [dims[i] for i in dup], tp_group)
+        fulls = gather_shards([work[i] for i in dup], [dims[i] for i in dup], tp_group)
         all_gather_calls = 1
         for i, f in zip(dup, fulls, strict=True):
             work[i] = f
