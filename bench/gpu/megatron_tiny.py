@@ -4,7 +4,9 @@ Run on a GPU machine with the project's .venv (Megatron-Core 0.19.2):
     .venv/bin/python bench/gpu/megatron_tiny.py [--spec tiny_kimi_k2|tiny_qwen3_moe] [--optimizer adamw|muon]
 Prints the loss curve and the median step time after 3 warm-up steps. For Muon it trains once per engine in the same
 process (nemo-muon's Muon and Megatron-Core's own, both inside Megatron's layer-wise optimizer, same seed and data)
-and prints the ratio of their median step and optimizer-step times.
+and prints the ratio of their median step and optimizer-step times. Only the engines the installed stack can build
+run (`nemo_muon.megatron.stack`): on the NGC 26.02 stack (Megatron-Core 0.16 + emerging-optimizers 0.3) Megatron's
+own Muon cannot be built, so it is left out, with the rule that says why, and no ratio is printed.
 """
 
 from __future__ import annotations
@@ -19,12 +21,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
+MUON_ENGINES: tuple[str, ...] = ("nemo_muon", "megatron")
+"""The Muon engines compared, in the order they train (the ratio is the first over the second)."""
+
+
+def runnable_engines(optimizer: str, versions: dict[str, str | None]) -> tuple[list[str | None], dict[str, str]]:
+    """(engines to train, {engine left out: why}) for ``optimizer`` on the stack ``versions`` (AdamW: ``[None]``)."""
+    from nemo_muon.megatron.stack import problems_for_optimizer
+
+    if optimizer == "adamw":
+        return [None], {}
+    engines: list[str | None] = []
+    left_out: dict[str, str] = {}
+    for engine in MUON_ENGINES:
+        problems = problems_for_optimizer(optimizer, versions, engine=engine)
+        if problems:
+            left_out[engine] = "; ".join(f"[{p.rule}] {p.message}" for p in problems)
+        else:
+            engines.append(engine)
+    return engines, left_out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default="tiny_kimi_k2", choices=["tiny_kimi_k2", "tiny_qwen3_moe"])
     parser.add_argument("--optimizer", default="muon", choices=["adamw", "muon"])
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
+
+    from nemo_muon.megatron.stack import installed_versions
+
+    engines, left_out = runnable_engines(args.optimizer, installed_versions())
+    for engine, why in left_out.items():
+        print(f"left out: {args.optimizer} with engine {engine!r}, which the installed stack cannot build: {why}")
+    if not engines:
+        raise SystemExit(f"--optimizer {args.optimizer}: no engine of {MUON_ENGINES} can be built on the installed "
+                         f"stack (above)")
 
     import torch
     import torch.distributed as dist
@@ -44,7 +76,6 @@ def main() -> None:
     from tests.megatron_cpu import training as t
 
     parallel_state.initialize_model_parallel()
-    engines = ["nemo_muon", "megatron"] if args.optimizer == "muon" else [None]
     medians = {}
     for engine in engines:
         model_parallel_cuda_manual_seed(t.SEED)
