@@ -52,7 +52,7 @@ def _human(plan: dict[str, Any]) -> str:
     ]
     split = plan.get("ns_split")
     if split is not None:
-        how = "executed" if split["executed"] else "not executed here (Megatron owns whole tensors), would give"
+        how = "executed" if split["executed"] else "not executed (optimizer.ns_split_target unset), would give"
         lines.append(f"            split over DP ranks (target {split['target']}), {how}: "
                      f"{split['ns_imbalance']:.3f} (within a stage {split['ns_imbalance_within_stage_max']:.3f}, "
                      f"layout bound {split['ns_imbalance_layout_bound']:.3f}), {split['split_matrices']} matrices "

@@ -15,6 +15,11 @@ Model (Megatron-Core's layout):
   and of the fused matrix when it does not (Megatron orthogonalizes ``linear_fc1`` fused), but is owned as one.
 - Cost = NS FLOPs one TP rank executes for the TP mode (``accounting.ns_count.ns_flops_per_tp_rank``); shapes and
   bytes are the TP rank's shard. Element-wise tensors cost 0 and are placed by bytes.
+- ``CostModel.tensors`` names whose stored tensors these are. "megatron": Megatron's (above). "hf": the torch
+  backend's HF models (``nemo_muon.models.hf``): every Megatron part (q / k / v, gate / up, the MLA projections) is
+  a tensor of its own, and the routed experts of a layer are one 3-D stack per projection (gate and up fused), owned
+  whole like any other tensor (the torch backend has no EP); the layer-wise engine (``layerwise.plan_items``) costs
+  exactly these tensors.
 - Routed experts of EP rank e are spread over its expert-DP replicas by the method (pinned when expert-DP = 1);
   the stage's other tensors go to the dp·cp ranks by the method, starting from the expert work each rank has.
   When etp = tp (Megatron's default) a DP·CP rank's TP ranks hold the same experts and the experts are pinned in
@@ -32,6 +37,7 @@ layer-wise optimizer needs (``nemo_muon.megatron.split``); the torch engine shar
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,10 +65,18 @@ class CostModel:
     tp_mode: str = "duplicated"
     split_gather_update: bool = False
     """A split matrix's whole update is all-gathered within its block (Megatron's layer-wise optimizer)."""
+    tensors: str = "megatron"
+    """Whose stored tensors are the ownership units: "megatron" or "hf" (the torch backend's; module doc)."""
 
     def __post_init__(self) -> None:
         check_positive_int("cost.steps", self.steps)
         check_choice("cost.tp_mode", self.tp_mode, TP_MODES)
+        check_choice("cost.tensors", self.tensors, TENSOR_LAYOUTS)
+
+
+TENSOR_LAYOUTS: tuple[str, ...] = ("megatron", "hf")
+"""The values of ``CostModel.tensors``."""
+_LOCAL_EXPERT = re.compile(r"local_experts\.\d+\.")
 
 
 @dataclass(frozen=True)
@@ -112,11 +126,20 @@ def _split_options(name: str, parts: tuple[tuple[int, ...], ...], layout: Layout
                          query_groups=query_groups if fused_qkv else None, gather_update=cost.split_gather_update)
 
 
+def _tensor_key(p: ParamInfo, tensors: str) -> str:
+    """The stored tensor a parameter (part) belongs to under ``CostModel.tensors`` (module doc)."""
+    if tensors == "megatron":
+        return p.tensor_name
+    if p.expert is None:
+        return p.name  # HF stores every Megatron part as a tensor of its own
+    return _LOCAL_EXPERT.sub("experts.", p.tensor_name)  # one stack of the layer's experts per projection
+
+
 def _layer_tensors(params: list[ParamInfo], layout: Layout, cost: CostModel,
                    bytes_per_param: int, experts_per_ep: int, query_groups: int | None = None) -> list[StageTensor]:
     merged: dict[str, list[ParamInfo]] = {}
     for p in params:
-        merged.setdefault(p.tensor_name, []).append(p)
+        merged.setdefault(_tensor_key(p, cost.tensors), []).append(p)
     out: list[StageTensor] = []
     for name, ps in merged.items():
         width = layout.etp if ps[0].kind == "expert" else layout.tp
@@ -125,13 +148,28 @@ def _layer_tensors(params: list[ParamInfo], layout: Layout, cost: CostModel,
         hidden = [p for p in ps if p.is_hidden_matrix]
         flops = sum(ns_flops_per_tp_rank(p.shape, width, cost.tp_mode, pdim, cost.steps, syrk=cost.syrk)
                     for p in hidden)
-        shape = _shard((sum(p.shape[0] for p in ps), *ps[0].shape[1:]), width, pdim)  # split parts stack on rows
+        stacked = cost.tensors == "hf" and ps[0].expert is not None
+        experts = sorted({p.expert for p in ps}) if stacked else []
+        one = [p for p in ps if p.expert == ps[0].expert]  # the parts of one tensor (of one expert in a stack)
+        shape = _shard((sum(p.shape[0] for p in one), *ps[0].shape[1:]), width, pdim)  # split parts stack on rows
+        if stacked:
+            shape = (len(experts), *shape)
         parts = tuple(_shard(p.shape, width, pdim) for p in hidden)
-        ep_rank = None if ps[0].expert is None else ps[0].expert // experts_per_ep
-        options = _split_options(name, parts, layout, cost, query_groups) if ep_rank is None else ()
+        ep_rank = None if ps[0].expert is None or stacked else ps[0].expert // experts_per_ep
+        options = _split_options(name, parts, layout, cost, query_groups) if ep_rank is None and not stacked else ()
         out.append(StageTensor(PlanItem(name, shape, flops, numel * bytes_per_param, split_options=options), parts,
                                ep_rank))
     return out
+
+
+def _params_of_layer(spec: ModelSpec, i: int, cost: CostModel) -> list[ParamInfo]:
+    """Layer ``i``'s parameters with the parts NS runs on. Megatron's tensors fuse gate/up and QKV (split per the
+    optimizer's flags); HF's are separate tensors (always split), except the experts' fused gate/up stack."""
+    ps = layer_params(spec, i, split_gate_up=cost.split_gate_up, split_qkv=cost.split_qkv)
+    if cost.tensors == "megatron":
+        return ps
+    separate = layer_params(spec, i, split_gate_up=True, split_qkv=True)
+    return [p for p in separate if p.expert is None] + [p for p in ps if p.expert is not None]
 
 
 def stage_tensors(spec: ModelSpec, layout: Layout, pp_rank: int, cost: CostModel = CostModel(),
@@ -143,7 +181,7 @@ def stage_tensors(spec: ModelSpec, layout: Layout, pp_rank: int, cost: CostModel
     for i in layout.pp_rank_layers(pp_rank):
         moe = is_moe_layer(spec, i)
         if moe not in templates:  # every layer of a kind has the same tensors: build once, rename per layer
-            ps = layer_params(spec, i, split_gate_up=cost.split_gate_up, split_qkv=cost.split_qkv)
+            ps = _params_of_layer(spec, i, cost)
             templates[moe] = (i, _layer_tensors(ps, layout, cost, bytes_per_param, per_ep, spec.num_query_groups))
         j, tpl = templates[moe]
         old, new = f"decoder.layers.{j}.", f"decoder.layers.{i}."

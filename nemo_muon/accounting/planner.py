@@ -138,7 +138,8 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     tp_mode = opt.tp_mode if is_muon else "duplicated"
     split = {"split_gate_up": opt.split_gate_up, "split_qkv": opt.split_qkv} if is_muon else \
         {"split_gate_up": True, "split_qkv": True}
-    cost = CostModel(steps=steps, syrk=syrk, tp_mode=tp_mode, split_gather_update=recipe.backend == "megatron", **split)
+    cost = CostModel(steps=steps, syrk=syrk, tp_mode=tp_mode, split_gather_update=recipe.backend == "megatron",
+                     tensors="megatron" if recipe.backend == "megatron" else "hf", **split)
     ranks: list[_Rank] = []
     stage_imbalance: list[float] = []
     stage_max: list[float] = []
