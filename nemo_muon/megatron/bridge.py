@@ -186,6 +186,9 @@ DELIBERATE_DIFFERENCES: tuple[DeliberateDifference, ...] = (
         "the config does not depend on the machine that builds it (a login node); Bridge's validate() still "
         "refuses HybridEP / DeepEP on a GPU generation that lacks it"),
     DeliberateDifference(
+        "model.qk_clip", "False (Kimi K2's perf scripts: off until a Megatron-Core fix)",
+        "recipe.qk_clip: True in kimi_k2_muon_qk_clip only", "that recipe measures MuonClip; the others keep False"),
+    DeliberateDifference(
         "checkpoint.save / load", "None / <cwd>/nemo_experiments/default/checkpoints",
         "recipe.checkpoint.dir when save_interval > 0 / when resume, else None", "no stray load path"),
     DeliberateDifference(
@@ -222,6 +225,10 @@ def _perf_model_fields(recipe: TrainingRecipe, knobs: Any) -> dict[str, dict[str
     out.setdefault("rng", {})["te_rng_tracker"] = te_rng
     if recipe.data.kind == "mock":
         model["moe_router_force_load_balancing"] = True  # Bridge perf runs: balanced routing on mock data
+    if recipe.precision.kind == "fp8_cs":
+        # utils/precision.py get_precision_config("fp8_cs"): the perf runs keep no BF16 first / last layers (the
+        # library preset bf16_with_fp8_current_scaling_mixed keeps one of each)
+        out["mixed_precision"]["first_last_layers_bf16"] = False
     return out
 
 
