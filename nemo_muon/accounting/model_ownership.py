@@ -20,7 +20,9 @@ Model (Megatron-Core's layout):
   a tensor of its own, and the routed experts of a layer are one 3-D stack per projection (gate and up fused), owned
   whole like any other tensor (the torch backend has no EP); the layer-wise engine (``layerwise.plan_items``) costs
   exactly these tensors.
-- Routed experts of EP rank e are spread over its expert-DP replicas by the method (pinned when expert-DP = 1);
+- With EP > 1, routed experts of EP rank e are spread over its expert-DP replicas by the method (pinned when
+  expert-DP = 1); with EP = 1 and ETP = TP they are ordinary tensors of the stage (Megatron's ``allreduce`` stays
+  True);
   the stage's other tensors go to the dp·cp ranks by the method, starting from the expert work each rank has.
   When etp = tp (Megatron's default) a DP·CP rank's TP ranks hold the same experts and the experts are pinned in
   the same plan; otherwise the DP plan starts from the busiest TP rank's expert load.
@@ -30,8 +32,8 @@ figures): a free hidden matrix can be split over an aligned block of 2, 4 or 8 D
 together (``accounting.ns_split``: distributed NS over the block, its true per-member cost and bytes); LPT splits the
 busiest rank's largest matrix until the stage's max/mean reaches the target (``ownership.plan_ownership``). Only
 with TP = 1 (under TP a matrix is already a shard; a split would nest in the TP mode) and never for routed experts
-(pinned to their EP rank). ``split_gather_update`` counts the extra all-gather of the whole update that Megatron's
-layer-wise optimizer needs (``nemo_muon.megatron.split``); the torch engine shares the slices in its usual buckets.
+(owned within their EP rank's expert-DP group, or, at EP = 1, kept whole as the engines keep them).
+``split_gather_update`` counts the extra all-gather of the whole update that Megatron's layer-wise optimizer needs (``nemo_muon.megatron.ownership``); the torch engine shares the slices in its usual buckets.
 """
 
 from __future__ import annotations
@@ -155,8 +157,12 @@ def _layer_tensors(params: list[ParamInfo], layout: Layout, cost: CostModel,
         if stacked:
             shape = (len(experts), *shape)
         parts = tuple(_shard(p.shape, width, pdim) for p in hidden)
-        ep_rank = None if ps[0].expert is None or stacked else ps[0].expert // experts_per_ep
-        options = _split_options(name, parts, layout, cost, query_groups) if ep_rank is None and not stacked else ()
+        # Megatron owns routed experts within their EP rank's expert-DP group; at EP = 1 (ETP = TP) they are
+        # ordinary dense parameters (``allreduce`` stays True) placed with the rest. Routed experts are never split.
+        routed = ps[0].expert is not None
+        grouped = layout.ep > 1 or layout.etp != layout.tp
+        ep_rank = ps[0].expert // experts_per_ep if routed and not stacked and grouped else None
+        options = () if routed else _split_options(name, parts, layout, cost, query_groups)
         out.append(StageTensor(PlanItem(name, shape, flops, numel * bytes_per_param, split_options=options), parts,
                                ep_rank))
     return out

@@ -6,7 +6,8 @@ the orthogonalization work: an (m, n) matrix costs ~ m²n + m³ Newton–Schulz 
 returns a subclass whose ``shard_params`` places the matrix optimizer's parameters (ours: `MegatronMuon` /
 `MegatronSoap`, the first optimizer) by LPT on the cost model of the torch backend's engine
 (`nemo_muon.accounting.ownership.ns_cost` / ``soap_cost``), and Adam's parameters (near-free updates) ping-pong by numel as
-Megatron does, each within its own domain (dense over ``dp_cp``, experts over ``expt_dp``). Everything else
+Megatron does, each within its own domain (experts over ``expt_dp`` first, then the dense matrices over ``dp_cp``,
+starting from the expert work each rank already has, as ``nemo-muon plan`` models it). Everything else
 (all-gather of the owned shards, master weights, checkpoints) is Megatron's, unchanged.
 
 Split ownership (``MuonConfig.ns_split_target``, 0.16, Muon, TP = 1): the dense matrices are planned by
@@ -56,6 +57,34 @@ def _matrix_item(optimizer: Muon | SOAP, p: Any, key: str, splittable: bool) -> 
     return PlanItem(key, shape, cost, nbytes, split_options=options)
 
 
+def _routed_expert(name: str) -> bool:
+    """True for a routed expert's weight (``mlp.experts.``; shared experts are ``mlp.shared_experts.``): never split
+    (at EP = 1 Megatron keeps them in the dense domain, `allreduce` True; ``nemo-muon plan`` keeps them whole)."""
+    return ".mlp.experts." in f".{name}"
+
+
+def _expert_work(expert_flops: list[float], pgs: Any, size: int, rank: int) -> list[float] | None:
+    """The expert matrices' update cost each dp_cp rank already has (None without experts).
+
+    Every EP rank holds experts of the same shapes, so its expert plan over its expert-DP replicas is the same
+    (``expert_flops``, computed on this rank): dp_cp rank b is EP rank b mod ep's replica b div ep (Megatron's rank
+    order, ep = dp_cp / expt_dp with ETP = TP). This rank checks that order on itself and raises if it differs.
+    """
+    from megatron.core.utils import get_pg_rank, get_pg_size
+
+    if not any(expert_flops):
+        return None
+    replicas = get_pg_size(pgs.expt_dp)
+    if size % replicas:
+        raise RuntimeError(f"expert-DP size {replicas} must divide the dp_cp size {size} (ETP = TP) to plan "
+                           "ownership by update cost")
+    ep = size // replicas
+    if get_pg_rank(pgs.expt_dp) != rank // ep:
+        raise RuntimeError(f"dp_cp rank {rank} is expert-DP rank {get_pg_rank(pgs.expt_dp)}, not {rank // ep} "
+                           f"(rank div {ep}): the rank order the ownership plan assumes does not hold")
+    return [expert_flops[b // ep] for b in range(size)]
+
+
 @functools.cache
 def ns_balanced_class() -> type:
     """Megatron-Core 0.16's `LayerWiseDistributedOptimizer` with ownership by NS cost (see the module doc)."""
@@ -70,6 +99,8 @@ def ns_balanced_class() -> type:
                      init_state_fn_list: list[Any] | None = None, *, split_target: float | None = None) -> None:
             self.split_target = split_target
             self.split_plan: Any = None
+            self.dense_plan: Any = None
+            """The dense matrices' `OwnershipPlan` over dp_cp (``flops`` include each rank's expert work)."""
             super().__init__(optimizers, config, pg_collection, init_state_fn_list)
 
         def shard_params(self, optimizers: list[Any]) -> None:
@@ -87,23 +118,31 @@ def ns_balanced_class() -> type:
                     domains[bool(group.get("is_expert_parallel", False))][1].append((p, index, is_matrix))
             kept: list[list[Any]] = [[] for _ in groups]
             lists = {}
-            for expert, (pg, params) in domains.items():
+            expert_flops: list[float] = []
+            for expert in (True, False):  # experts first: the dense plan starts from each rank's expert work
+                pg, params = domains[expert]
                 size, rank = get_pg_size(pg), get_pg_rank(pg)
                 matrices = [x for x in params if x[2]]
                 others = [x for x in params if not x[2]]
                 target = self.split_target if split and not expert else None
-                items = [_matrix_item(matrix_opt, p, str(k), target is not None) for k, (p, _, _) in
-                         enumerate(matrices)]
-                plan = plan_ownership(items, size, "lpt", balance_target=target)
+                keys = [matrix_opt.name_of(p) or f"matrix {k}" for k, (p, _, _) in enumerate(matrices)]
+                items = [_matrix_item(matrix_opt, p, key, target is not None and not _routed_expert(key))
+                         for key, (p, _, _) in zip(keys, matrices, strict=True)]
+                initial = None if expert else _expert_work(expert_flops, pgs, size, rank)
+                plan = plan_ownership(items, size, "lpt", initial_flops=initial, balance_target=target)
+                if expert:
+                    expert_flops = list(plan.flops)
+                else:
+                    self.dense_plan = plan
                 if target is not None:
                     self.split_plan = plan
-                    self._share_splits(matrix_opt, plan, [p for p, _, _ in matrices], pg, rank)
+                    self._share_splits(matrix_opt, plan, keys, [p for p, _, _ in matrices], pg, rank)
                 other_owner = ping_pong_assign([p.numel() for p, _, _ in others], size)
                 per_rank: list[list[Any]] = [[] for _ in range(size)]
-                for k, (p, index, _) in enumerate(matrices):
-                    sp = plan.splits.get(str(k))
-                    per_rank[plan.owners[str(k)]].append(p)  # the block's first rank shares it
-                    if (sp is not None and rank in sp.ranks) or (sp is None and plan.owners[str(k)] == rank):
+                for key, (p, index, _) in zip(keys, matrices, strict=True):
+                    sp = plan.splits.get(key)
+                    per_rank[plan.owners[key]].append(p)  # the block's first rank shares it
+                    if (sp is not None and rank in sp.ranks) or (sp is None and plan.owners[key] == rank):
                         kept[index].append(p)
                 for (p, index, _), owner in zip(others, other_owner, strict=True):
                     per_rank[owner].append(p)
@@ -118,12 +157,12 @@ def ns_balanced_class() -> type:
                                         else expert_lists)
 
         @staticmethod
-        def _share_splits(muon: Muon, plan: Any, params: list[Any], pg: Any, rank: int) -> None:
+        def _share_splits(muon: Muon, plan: Any, keys: list[str], params: list[Any], pg: Any, rank: int) -> None:
             from nemo_muon.layerwise.split_groups import block_groups
 
             blocks = block_groups(plan, pg, rank)
-            for k, p in enumerate(params):
-                sp = plan.splits.get(str(k))
+            for key, p in zip(keys, params, strict=True):
+                sp = plan.splits.get(key)
                 if sp is not None and rank in sp.ranks:
                     muon.share_split(p, SplitShare(blocks[sp.ranks], sp.ranks.index(rank), sp.option.ways,
                                                    sp.option.dim))

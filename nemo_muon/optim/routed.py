@@ -120,6 +120,10 @@ class RoutedOptimizer(torch.optim.Optimizer):
     def _validate_group(self, group: dict[str, Any]) -> None:
         """Check a group's hyperparameters (groups may override the defaults); subclasses use their config."""
 
+    def name_of(self, p: torch.Tensor) -> str | None:
+        """The name a parameter of this optimizer was given (None for an unnamed one)."""
+        return self._names.get(p)
+
     def route_of(self, p: torch.Tensor) -> Route:
         """The route of a parameter of this optimizer (``algorithm`` "matrix" or "adamw", and its fused layout)."""
         return self._routes[p]

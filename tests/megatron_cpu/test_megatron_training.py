@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from packaging.version import Version
 
+from nemo_muon.accounting.model_ownership import model_plan
 from nemo_muon.accounting.ownership import lpt_assign
 from nemo_muon.megatron.stack import installed_versions, problems_for_optimizer
+from nemo_muon.models.specs import get_model_spec
 from tests.distributed import run_distributed
 from tests.megatron_cpu.training import (
     LR,
@@ -23,6 +25,7 @@ from tests.megatron_cpu.training import (
     lockstep_engines,
     muon_tensor_parallel_against_single_process,
     nonfinite_gradient_on_one_rank,
+    optimizer_config,
     ownership_loads,
     soap_against_single_process_reference,
     train_tiny,
@@ -270,3 +273,52 @@ def test_matrices_are_owned_by_update_cost_inside_megatron_016(optimizer):
         return max(loads) / (sum(loads) / len(loads))
 
     assert imbalance(ours) <= imbalance(theirs), (imbalance(ours), imbalance(theirs))
+
+
+def test_split_ownership_inside_megatron_016_equals_whole_tensor_ownership(tmp_path):
+    """Megatron-Core 0.16 with ``ns_split_target`` (issue 15): the largest matrices' Newton–Schulz runs over both DP
+    ranks (`nemo_muon.megatron.ownership`); the gradient norm counts each split matrix once (the helper's copy is
+    skipped), one step equals whole-tensor ownership within fp32 rounding of the distributed NS, replicas stay
+    identical, and a `dist_checkpointing` save + resume continues bit for bit (the helper's tensors
+    are replicas). On 0.18+ the builder refuses the field, naming it (ownership there is DDP's layout)."""
+    if Version(MCORE) >= Version("0.18"):
+        from nemo_muon.config.optimizer import MuonConfig
+        from nemo_muon.megatron.registration import build_layer_wise_018
+
+        with pytest.raises(ValueError, match=r"ns_split_target must be None on Megatron-Core >= 0.18.*got 1.0"):
+            build_layer_wise_018(None, [], None, ours=MuonConfig(lr=LR, ns_split_target=1.0))
+        return
+    # one step from the same weights: the fp32 masters differ by the distributed NS's rounding only
+    one = [run_distributed(train_tiny, world_size=2, args=("tiny_kimi_k2", "muon", 1, (), None, None, None, "builder",
+                                                           False, True, target), timeout_s=300) for target in
+           (None, 1.0)]
+    assert one[0][0]["split"] is None
+    splits = one[1][0]["split"]
+    assert splits and all(ranks == [0, 1] for ranks in splits.values())
+    assert one[1][0]["grad_norms"][0] == pytest.approx(one[0][0]["grad_norms"][0], rel=1e-6)  # each matrix once
+    # the plan `nemo-muon plan` computes for this model and layout is the one executed, whole-tensor and split
+    muon = optimizer_config("muon")
+    for target, ranks in zip((None, 1.0), one, strict=True):
+        planned = model_plan(get_model_spec("tiny_kimi_k2"), dp=2, balance_target=target, ns_steps=muon.ns_steps,
+                             split_gate_up=muon.split_gate_up, split_qkv=muon.split_qkv, split_gather_update=True)
+        assert ranks[0]["ownership_flops"] == ranks[1]["ownership_flops"]
+        assert ranks[0]["ownership_flops"] == pytest.approx(planned.stages[0].flops, rel=1e-12), target
+        executed = {n[n.index("decoder."):]: r for n, r in (ranks[0]["split"] or {}).items()}  # DDP's "module."s
+        assert executed == {n: list(sp.ranks) for n, sp in planned.stages[0].splits.items()}, target
+    masters = [{n: m for r in ranks for n, m in r["masters"].items()} for ranks in one]
+    assert masters[0].keys() == masters[1].keys()
+    for n in splits:  # named from the DDP wrapper ("module." more), both members hold the matrix
+        assert n.removeprefix("module.") in one[1][0]["masters"] and n.removeprefix("module.") in one[1][1]["masters"]
+    worst = max(float(np.abs(masters[0][n] - masters[1][n]).max()) for n in masters[0]) / LR
+    assert worst <= 1e-3, worst
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    split = run_distributed(train_tiny, world_size=2, args=("tiny_kimi_k2", "muon", 4, (), str(ckpt), 2, None,
+                                                            "builder", False, False, 1.0),
+                            timeout_s=300, daemon=False)[0]
+    assert split["replica_max_diff"] == 0.0
+    resumed = run_distributed(train_tiny, world_size=2, args=("tiny_kimi_k2", "muon", 2, (), str(ckpt), None, 2,
+                                                              "builder", False, False, 1.0),
+                              timeout_s=300, daemon=False)[0]
+    assert resumed["losses"] == split["losses"][2:]  # bit for bit after save + load
+    assert resumed["replica_max_diff"] == 0.0

@@ -97,17 +97,20 @@ def _batch(step: int, dp_rank: int, vocab: int):
 
 
 def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon", grad_reduce_in_fp32: bool = False,
-                  nonfinite: str = "raise", tp: int = 1, dense: bool = False, ep: int = 1):
+                  nonfinite: str = "raise", tp: int = 1, dense: bool = False, ep: int = 1,
+                  split_target: float | None = None):
     """(model, its config, model spec, optimizer config, DDP-wrapped model with params broadcast) from the fixed
     seed: every replica and every run starts from the same weights. ``grad_reduce_in_fp32``: DDP's fp32 gradient
-    buffer (the product's default is bf16 reductions)."""
+    buffer (the product's default is bf16 reductions). ``split_target``: Muon's ``ns_split_target``."""
     import torch
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
     torch.manual_seed(SEED)
     model, config, spec = _model(spec_name, tp, dense, ep)
-    opt = _optimizer_config(optimizer_name, engine, nonfinite)
+    opt = optimizer_config(optimizer_name, engine, nonfinite)
+    if split_target is not None:
+        opt = dataclasses.replace(opt, ns_split_target=split_target)
     ddp_model = _ddp(model, config, opt, optimizer_name != "adamw", grad_reduce_in_fp32)
     ddp_model.broadcast_params()
     return model, config, spec, opt, ddp_model
@@ -147,7 +150,8 @@ def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int,
     return torch.stack([o["lm loss"] for o in out]).mean()
 
 
-def _optimizer_config(name: str, engine: str = "nemo_muon", nonfinite: str = "raise"):
+def optimizer_config(name: str, engine: str = "nemo_muon", nonfinite: str = "raise"):
+    """The harness's optimizer config of ``name`` ('adamw', 'muon' or 'soap'; Muon with Megatron's defaults)."""
     from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
     from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
 
@@ -643,14 +647,15 @@ def _nemo2_optimizer(opt, ddp_model, build: str, steps: int):
 def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str, steps: int,
                without_shims: tuple[str, ...] = (), checkpoint_dir: str | None = None, save_after: int | None = None,
                resume_at: int | None = None, build: str = "builder", grad_reduce_in_fp32: bool = False,
-               with_masters: bool = False) -> dict[str, Any]:
+               with_masters: bool = False, split_target: float | None = None) -> dict[str, Any]:
     """Train ``steps`` steps of the tiny model ``spec_name`` with ``optimizer_name`` ('adamw', 'muon' or 'soap').
 
     Each step trains on the same global batch at any DP size (`GLOBAL_MICRO_BATCHES`).
     ``save_after``: save a Megatron `dist_checkpointing` checkpoint to ``checkpoint_dir`` after that many steps;
     ``resume_at``: load it first and continue from that step (the batches follow the step number).
     ``build``: one of `BUILDS`. ``grad_reduce_in_fp32``: see `_seeded_model`. ``with_masters``: also return the
-    fp32 master weights this rank's optimizer updates (``"masters"``: name -> numpy array).
+    fp32 master weights this rank's optimizer updates (``"masters"``: name -> numpy array). ``split_target``:
+    Muon's ``ns_split_target`` (split ownership, Megatron-Core 0.16); ``"split"`` reports the plan's splits.
     """
     import torch
 
@@ -666,7 +671,8 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
     parallel_state.initialize_model_parallel()
     try:
         model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name,
-                                                            grad_reduce_in_fp32=grad_reduce_in_fp32)
+                                                            grad_reduce_in_fp32=grad_reduce_in_fp32,
+                                                            split_target=split_target)
         layer_wise = optimizer_name != "adamw"
         scheduler, checkpointed = None, None
         if build == "builder":
@@ -687,10 +693,12 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
         micro_batches = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
         losses: list[float] = []
         lrs: list[float] = []
+        grad_norms: list[float] = []
         for step in range(start, start + steps):
             step_loss = _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size, micro_batches)
             lrs.append(optimizer.param_groups[0]["lr"])
-            ok, _, _ = optimizer.step()
+            ok, grad_norm, _ = optimizer.step()
+            grad_norms.append(float(grad_norm) if grad_norm is not None else float("nan"))
             if scheduler is not None:
                 scheduler.step()
             loss = step_loss.reshape(1)
@@ -705,9 +713,14 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
         replicas = [torch.zeros_like(flat) for _ in range(world_size)]
         dist.all_gather(replicas, flat, group=group)
         names = {id(p): n for n, p in ddp_model.module.named_parameters()}
+        ownership = _ownership_plan(optimizer)
+        split_plan = None if ownership is None or not ownership.splits else ownership
         return {
             "losses": losses,
             "lrs": lrs,
+            "grad_norms": grad_norms,
+            "split": None if split_plan is None else {sp_name: list(sp.ranks) for sp_name, sp in split_plan.splits.items()},
+            "ownership_flops": None if ownership is None else list(ownership.flops),
             "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas),
             "num_params": int(flat.numel()),
             "optimizers": _optimizer_classes(optimizer),
@@ -772,6 +785,15 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
                 "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas)}
     finally:
         parallel_state.destroy_model_parallel()
+
+
+def _ownership_plan(optimizer):
+    """The dense matrices' plan of our ownership inside Megatron-Core 0.16's layer-wise optimizer (None elsewhere)."""
+    for sub in [optimizer, *getattr(optimizer, "chained_optimizers", [])]:
+        plan = getattr(sub, "dense_plan", None)
+        if plan is not None:
+            return plan
+    return None
 
 
 def _state_tensors(ddp_model, optimizer, names: dict[int, str]) -> dict[str, Any]:
