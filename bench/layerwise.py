@@ -1,6 +1,7 @@
 """Benchmark of the layer-wise distributed optimizer on 2 gloo ranks (CPU), every figure a ratio measured in one run.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/layerwise.py [--steps 6] [--out bench/results/layerwise.md]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/layerwise.py --split-only   # section 6 alone
 
 1. Optimizer step time (grad reduction + update + param sharing) of layer-wise Muon vs replicated Muon (DDP-style
    all-reduce, then every rank runs every Newton–Schulz), same model and batch, interleaved step by step; median.
@@ -11,11 +12,17 @@
 5. From the plan alone (``--plan-only`` prints just this): NS max/mean for Kimi K2 on 256 GPUs (PP4 VP4 EP64,
    16/16/16/13 layers) and Qwen3-30B-A3B on 8 (EP8), gate/up fused (megatron recipes) and split: LPT, LPT with large
    matrices split (modelled), round-robin (KellerJordan/Muon), ping-pong (Megatron legacy).
+6. Split ownership (``MuonConfig.ns_split_target``) on 4 gloo ranks: the same model (block 0's up projection made
+   ``--split-wide`` x dim wide, too costly for whole-tensor LPT) stepped with whole-tensor ownership and with the
+   split, interleaved step by step: bytes sent per rank per step counted at the torch.distributed call level (ring
+   model, `CommCounter`) vs the plan's modelled extra bytes, NS load max/mean, step time, and the updates' agreement.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import os
 import statistics
 import sys
@@ -30,30 +37,40 @@ import torch.multiprocessing as mp
 from torch import nn
 
 WORLD = 2
+SPLIT_WORLD = 4
+NS_STEPS = 5  # MuonConfig's default ns_steps, used by both runs of the split section
 LAYERS, TOKENS = 4, 64
 
 
 class Block(nn.Module):
-    """Attention-like and MLP matrices of a transformer block (FFN = 4 x dim)."""
+    """Attention-like and MLP matrices of a transformer block (FFN = 4 x dim). ``up_mult`` > 4 widens the up
+    projection alone; its activations are averaged in groups of 4 x dim before ``down`` (a matrix too costly for
+    whole-tensor ownership, section 6)."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, up_mult: int = 4) -> None:
         super().__init__()
+        if up_mult % 4:
+            raise ValueError(f"up_mult must be a multiple of 4, got {up_mult}")
         self.dim = dim
         self.norm = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.o_proj = nn.Linear(dim, dim, bias=False)
-        self.up = nn.Linear(dim, 4 * dim, bias=False)
+        self.up = nn.Linear(dim, up_mult * dim, bias=False)
         self.down = nn.Linear(4 * dim, dim, bias=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(self.norm(h)).chunk(3, dim=-1)
         h = h + self.o_proj(torch.softmax(q @ k.T / self.dim**0.5, dim=-1) @ v)
-        return h + self.down(torch.relu(self.up(h)))
+        a = torch.relu(self.up(h))
+        if a.shape[-1] != 4 * self.dim:
+            a = a.unflatten(-1, (-1, 4 * self.dim)).mean(-2)
+        return h + self.down(a)
 
 
-def make_model(dim: int) -> nn.Module:
+def make_model(dim: int, wide: int = 4) -> nn.Module:
+    """``LAYERS`` blocks; block 0's up projection is ``wide`` x dim wide (4: every block alike)."""
     torch.manual_seed(0)
-    return nn.Sequential(*[Block(dim) for _ in range(LAYERS)])
+    return nn.Sequential(*[Block(dim, wide if i == 0 else 4) for i in range(LAYERS)])
 
 
 def _input(model: nn.Module, seed: int) -> torch.Tensor:
@@ -91,6 +108,71 @@ class Replicated:
     def state_bytes(self) -> int:
         return sum(v.numel() * v.element_size() for st in self.opt.state.values() for v in st.values()
                    if torch.is_tensor(v))
+
+
+RING_RULES: dict[str, tuple[str, str]] = {
+    # collective: (the argument whose payload is counted, factor of its bytes for a group of W ranks)
+    "all_reduce": ("tensor", "2(W-1)/W"),
+    "broadcast": ("tensor", "(W-1)/W"),
+    "all_gather": ("tensor", "W-1"),  # this rank's input: (W-1)/W of the W gathered inputs
+    "all_gather_into_tensor": ("output_tensor", "(W-1)/W"),
+    "all_gather_single": ("output_tensor", "(W-1)/W"),
+    "reduce_scatter_tensor": ("input", "(W-1)/W"),
+    "reduce_scatter_single": ("input", "(W-1)/W"),
+    "reduce_scatter": ("input_list", "(W-1)/W"),
+    "all_to_all_single": ("input", "(W-1)/W"),
+    "all_to_all": ("input_tensor_list", "(W-1)/W"),
+}
+"""Ring-model bytes one rank sends per call, the factors of ``nemo_muon.layerwise.buckets.Bucket.comm_bytes``."""
+UNCOUNTED = ("reduce", "gather", "scatter", "all_gather_object", "broadcast_object_list", "send", "recv",
+             "isend", "irecv")
+"""Collectives with no ring rule here: their calls are listed (none is expected in an optimizer step)."""
+
+
+def ring_factor(rule: str, w: int) -> float:
+    """The factor named in ``RING_RULES`` for a group of ``w`` ranks (0 for a group of one)."""
+    return {"2(W-1)/W": 2 * (w - 1) / w, "(W-1)/W": (w - 1) / w, "W-1": float(w - 1)}[rule]
+
+
+def _payload_bytes(x: Any) -> int:
+    if torch.is_tensor(x):
+        return x.numel() * x.element_size()
+    return sum(_payload_bytes(t) for t in x)
+
+
+class CommCounter:
+    """Counts the bytes this process sends, at the ``torch.distributed`` call level: `install` wraps the module's
+    collectives (in this process only); every call adds its payload times the ring factor of ``RING_RULES`` for
+    its group's size W to ``sent``, and one to ``calls["<name>(W=<W>)"]``. `reset` starts a new count."""
+
+    def __init__(self) -> None:
+        self.sent = 0.0
+        self.calls: dict[str, int] = {}
+
+    def reset(self) -> None:
+        self.sent, self.calls = 0.0, {}
+
+    def install(self) -> None:
+        for name in (*RING_RULES, *UNCOUNTED):
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                setattr(dist, name, self._wrap(name, fn))
+
+    def _wrap(self, name: str, fn: Any) -> Any:
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            bound = sig.bind(*args, **kwargs)
+            w = dist.get_world_size(bound.arguments.get("group"))
+            key = f"{name}(W={w})" if name in RING_RULES else f"{name}(W={w}, uncounted)"
+            self.calls[key] = self.calls.get(key, 0) + 1
+            if name in RING_RULES:
+                arg, rule = RING_RULES[name]
+                self.sent += _payload_bytes(bound.arguments[arg]) * ring_factor(rule, w)
+            return fn(*args, **kwargs)
+
+        return counted
 
 
 def _timed_step(opt: Any, model: nn.Module, rank: int, step: int, group: dist.ProcessGroup) -> float:
@@ -175,22 +257,150 @@ def _worker(rank: int, init: str, steps: int, dim: int, queue: Any) -> None:
     dist.destroy_process_group()
 
 
+def _split_worker(rank: int, init: str, steps: int, dim: int, wide: int, target: float, queue: Any) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=SPLIT_WORLD)
+    group = dist.group.WORLD
+    from nemo_muon.config.optimizer import MuonConfig
+    from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer as LW
+
+    counter = CommCounter()
+    counter.install()
+    cfgs = {"whole": MuonConfig(lr=1e-3, weight_decay=0.0),
+            "split": MuonConfig(lr=1e-3, weight_decay=0.0, ns_split_target=target)}
+    models = {k: make_model(dim, wide) for k in cfgs}
+    init_params = {n: p.detach().clone() for n, p in models["whole"].named_parameters()}
+    opts = {k: LW(models[k], cfg, dp_group=group) for k, cfg in cfgs.items()}
+    times: dict[str, list[float]] = {k: [] for k in cfgs}
+    sent: dict[str, list[float]] = {k: [] for k in cfgs}
+    calls: dict[str, dict[str, int]] = {}
+    for s in range(steps + 1):  # step 0 warms up (state allocation) and is dropped
+        for k in (("whole", "split") if s % 2 else ("split", "whole")):  # alternate which runs first
+            counter.reset()
+            t = _timed_step(opts[k], models[k], rank, s, group)  # counts from zero_grad to the params shared
+            if s:
+                times[k].append(t)
+                sent[k].append(counter.sent)
+                calls[k] = dict(counter.calls)
+    whole = dict(models["whole"].named_parameters())
+    shapes = {n: list(p.shape) for n, p in whole.items()}
+    diff, diff_update = 0.0, 0.0
+    for n, p in models["split"].named_parameters():
+        d = (p.detach().double() - whole[n].detach().double()).norm().item()
+        diff = max(diff, d / whole[n].detach().double().norm().item())
+        moved = (whole[n].detach().double() - init_params[n].double()).norm().item()
+        diff_update = max(diff_update, d / moved if moved else 0.0)
+    result = {
+        "times": times, "sent": sent, "calls": calls,
+        "plans": {k: {"imbalance": o.plans[0].imbalance, "split_bytes": o.plans[0].split_bytes,
+                      "splits": {n: (list(sp.ranks), sp.option.ways, sp.option.dim, shapes[n])
+                                 for n, sp in o.plans[0].splits.items()}}
+                  for k, o in opts.items()},
+        "buckets": {k: o.comm_bytes_per_step() for k, o in opts.items()},
+        "rel_diff": diff, "rel_diff_update": diff_update,
+        "params": sum(p.numel() for p in models["whole"].parameters()),
+    }
+    queue.put((rank, result))
+    dist.barrier(group=group)
+    dist.destroy_process_group()
+
+
 def run_ranks(steps: int, dim: int) -> list[dict[str, Any]]:
+    return _spawn(_worker, WORLD, (steps, dim))
+
+
+def _spawn(target: Any, world: int, args: tuple[Any, ...]) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_worker, args=(r, init, steps, dim, queue)) for r in range(WORLD)]
+        procs = [ctx.Process(target=target, args=(r, init, *args, queue)) for r in range(world)]
         for p in procs:
             p.start()
-        out = dict(queue.get(timeout=900) for _ in range(WORLD))
+        out = dict(queue.get(timeout=900) for _ in range(world))
         for p in procs:
             p.join(timeout=60)
-    return [out[r] for r in range(WORLD)]
+    return [out[r] for r in range(world)]
 
 
 def _median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+def split_section(steps: int, dim: int, wide: int, target: float) -> list[str]:
+    """Section 6: whole-tensor vs split ownership on ``SPLIT_WORLD`` gloo ranks, measured in one run."""
+    from nemo_muon.accounting.ns_choice import choose_algorithm
+
+    res = _spawn(_split_worker, SPLIT_WORLD, (steps, dim, wide, target))
+    r0 = res[0]
+    pw, ps = r0["plans"]["whole"], r0["plans"]["split"]
+    # bytes: the median over steps per rank (they repeat exactly step to step; the spread is printed)
+    sent = {k: [_median(r["sent"][k]) for r in res] for k in ("whole", "split")}
+    spread = max(max(r["sent"][k]) - min(r["sent"][k]) for r in res for k in sent)
+    per = {k: [max(r["times"][k][i] for r in res) for i in range(steps)] for k in ("whole", "split")}
+    t_ratio = _median([a / b for a, b in zip(per["split"], per["whole"], strict=True)])
+    splits = "; ".join(f"{n} ({shape[0]}x{shape[1]}) over ranks {tuple(rk)} ({ways} ways along dim {d})"
+                       for n, (rk, ways, d, shape) in ps["splits"].items()) or "none"
+    ranks = range(SPLIT_WORLD)
+    fmt = " / ".join
+    beyond = {k: [b - r0["buckets"][k] for b in sent[k]] for k in sent}  # the buckets are alike on every rank
+    modelled = ps["split_bytes"]
+
+    def calls(k: str) -> str:
+        return ", ".join(f"{n} x{c}" for n, c in sorted(r0["calls"][k].items()))
+
+    notes = []
+    for name, (rk, ways, d, shape) in ps["splits"].items():
+        shape = list(shape)
+        shape[d] //= ways
+        got = res[rk[0]]["calls"]["split"].get(f"all_reduce(W={ways})", 0)
+        notes.append(f"{name}: {got} all-reduces per step within its block of {ways} (the norm and the Gram "
+                     f"matrices), where the plan models {NS_STEPS + 1} (the norm and one Gram matrix per step, the "
+                     f"standard iteration); nemo_muon's NS runs the '{choose_algorithm(*shape)}' algorithm on the "
+                     f"{shape[0]}x{shape[1]} fp32 slice on CPU ('gram': one Gram matrix in all).")
+
+    return [
+        f"Model: {LAYERS} blocks as above at dim {dim}, block 0's up projection {wide * dim}x{dim} "
+        f"({r0['params']:,} params, fp32); {SPLIT_WORLD} gloo ranks (collectives auto: all-reduce + owner broadcasts), "
+        f"1 thread each; whole-tensor ownership vs `MuonConfig(ns_split_target={target})`, same model, batches and "
+        f"processes, interleaved step by step; median of {steps} steps.",
+        f"Split planned and executed: {splits}.",
+        "",
+        "Bytes are counted at the torch.distributed call level in the bench's ranks (all collectives issued between "
+        "zero_grad and the params shared), per call: payload bytes x the ring factor of the call's group size W "
+        "(the factors of `Bucket.comm_bytes`): all-reduce 2(W-1)/W, broadcast / reduce-scatter / all-gather "
+        "(W-1)/W of the full buffer.",
+        "",
+        "| measure | whole-tensor | split | split / whole |",
+        "|---|---|---|---|",
+        "| bytes sent per step, per rank " + fmt(str(r) for r in ranks) + " (measured) | "
+        f"{fmt(f'{b:,.0f}' for b in sent['whole'])} | {fmt(f'{b:,.0f}' for b in sent['split'])} | "
+        f"{fmt(f'{s / w:.4f}' for s, w in zip(sent['split'], sent['whole'], strict=True))} |",
+        f"| bytes sent per step, busiest rank (measured) | {max(sent['whole']):,.0f} | {max(sent['split']):,.0f} | "
+        f"{max(sent['split']) / max(sent['whole']):.4f} |",
+        "| measured difference per rank (split - whole) | | "
+        f"{fmt(f'{s - w:+,.0f}' for s, w in zip(sent['split'], sent['whole'], strict=True))} | |",
+        f"| of which the buckets (grads + params; the engine's `comm_bytes_per_step`, every rank) | "
+        f"{r0['buckets']['whole']:,} | {r0['buckets']['split']:,} | "
+        f"{r0['buckets']['split'] / r0['buckets']['whole']:.4f} |",
+        "| beyond the buckets, per rank (measured - `comm_bytes_per_step`: the split's Gram all-reduces) | "
+        f"{fmt(f'{b:,.0f}' for b in beyond['whole'])} | {fmt(f'{b:,.0f}' for b in beyond['split'])} | |",
+        "| the plan's modelled extra bytes per rank (`plans[0].split_bytes`); measured beyond the buckets / modelled | "
+        f"{fmt(f'{b:,.0f}' for b in pw['split_bytes'])} | {fmt(f'{b:,.0f}' for b in modelled)} | "
+        f"{fmt(f'{m / b:.3f}' if b else '-' for m, b in zip(beyond['split'], modelled, strict=True))} |",
+        f"| NS load max/mean (`plans[0].imbalance`) | {pw['imbalance']:.4f} | {ps['imbalance']:.4f} | "
+        f"{ps['imbalance'] / pw['imbalance']:.4f} |",
+        f"| optimizer step time (slower rank; ratio paired step by step) | {_median(per['whole']) * 1e3:.0f} ms | "
+        f"{_median(per['split']) * 1e3:.0f} ms | {t_ratio:.3f} |",
+        "",
+        f"Calls per step on rank 0: whole: {calls('whole')}; split: {calls('split')}. Bytes spread over steps: "
+        f"{spread:,.0f}.",
+        *notes,
+        f"Agreement after {steps + 1} steps (all ranks): max over tensors of ||split - whole|| / ||whole|| = "
+        f"{max(r['rel_diff'] for r in res):.2e}; / ||whole - initial|| (the total update) = "
+        f"{max(r['rel_diff_update'] for r in res):.2e}.",
+    ]
 
 
 def plan_table() -> list[str]:
@@ -220,9 +430,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=384, help="hidden size of the benchmark model (FFN = 4 x dim)")
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown here")
     ap.add_argument("--plan-only", action="store_true", help="print only the computed NS plan table (no ranks run)")
+    ap.add_argument("--split-only", action="store_true", help="run only section 6 (split ownership, 4 ranks)")
+    ap.add_argument("--split-steps", type=int, default=8)
+    ap.add_argument("--split-dim", type=int, default=256, help="hidden size of the split section's model")
+    ap.add_argument("--split-wide", type=int, default=32,
+                    help="block 0's up projection is this many x dim wide in the split section (multiple of 4)")
+    ap.add_argument("--split-target", type=float, default=1.1, help="MuonConfig.ns_split_target of the split run")
     args = ap.parse_args(argv)
     if args.plan_only:
         print("\n".join(plan_table()))
+        return 0
+    split_lines = ["Split ownership (issue 15):", "",
+                   *split_section(args.split_steps, args.split_dim, args.split_wide, args.split_target)]
+    if args.split_only:
+        _emit("\n".join(split_lines), args.out, argv)
         return 0
     res = run_ranks(args.steps, args.dim)
     # per-step time of the slower rank (the step ends when the last rank is done)
@@ -266,13 +487,18 @@ def main(argv: list[str] | None = None) -> int:
         "NS load from the plan alone (computed, not run):",
         "",
         *plan_table(),
+        "",
+        *split_lines,
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        cmd = "OMP_NUM_THREADS=1 .venv/bin/python bench/layerwise.py " + " ".join(argv or sys.argv[1:])
-        args.out.write_text(f"# Layer-wise distributed optimizer: benchmark\n\nCommand: `{cmd.strip()}`\n\n{text}\n")
+    _emit("\n".join(lines), args.out, argv)
     return 0
+
+
+def _emit(text: str, out: Path | None, argv: list[str] | None) -> None:
+    print(text)
+    if out:
+        cmd = "OMP_NUM_THREADS=1 .venv/bin/python bench/layerwise.py " + " ".join(argv or sys.argv[1:])
+        out.write_text(f"# Layer-wise distributed optimizer: benchmark\n\nCommand: `{cmd.strip()}`\n\n{text}\n")
 
 
 if __name__ == "__main__":
