@@ -11,7 +11,8 @@
 4. Overlap: time blocked waiting for the param sharing during step + next forward, overlapped vs not.
 5. From the plan alone (``--plan-only`` prints just this): NS max/mean for Kimi K2 on 256 GPUs (PP4 VP4 EP64,
    16/16/16/13 layers) and Qwen3-30B-A3B on 8 (EP8), gate/up fused (megatron recipes) and split: LPT, LPT with large
-   matrices split (modelled), round-robin (KellerJordan/Muon), ping-pong (Megatron legacy).
+   matrices split at the default ``ns_split_target`` (what the engines execute with it), round-robin
+   (KellerJordan/Muon), ping-pong (Megatron legacy).
 6. Split ownership (``MuonConfig.ns_split_target``) on 4 gloo ranks: the same model (block 0's up projection made
    ``--split-wide`` x dim wide, too costly for whole-tensor LPT) stepped with whole-tensor ownership and with the
    split, interleaved step by step: bytes sent per rank per step counted at the torch.distributed call level (ring
@@ -407,6 +408,7 @@ def plan_table() -> list[str]:
     """NS max/mean per method from ``nemo_muon.accounting.model_ownership`` (the computation `nemo-muon plan` uses):
     gate/up fused as Megatron's Muon orthogonalizes it (the megatron recipes) and split (nemo_muon's Muon)."""
     from nemo_muon.accounting.model_ownership import KIMI_K2_BRIDGE_LAYERS, compare_methods
+    from nemo_muon.accounting.ns_split import DEFAULT_BALANCE_TARGET
     from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
 
     rows = ["| model, layout | gate/up NS | method | within-stage max/mean | global max/mean | busiest GPU NS FLOP/step |",
@@ -418,7 +420,7 @@ def plan_table() -> list[str]:
     ):
         for split, how in ((False, "fused (megatron recipes)"), (True, "split (nemo_muon Muon)")):
             for method, plan in compare_methods(spec, split_gate_up=split, **layout).items():
-                name = f"{method} (modelled)" if method.endswith("+split") else method
+                name = f"{method} (ns_split_target {DEFAULT_BALANCE_TARGET})" if method.endswith("+split") else method
                 rows.append(f"| {label} | {how} | {name} | {plan.within_stage_imbalance:.4f} | "
                             f"{plan.global_imbalance:.4f} | {plan.max_rank_flops:.3e} |")
     return rows
@@ -494,11 +496,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+NOTES_HEADING = "## Reading these numbers"
+"""Where the hand-written reading of a results file starts: `_emit` keeps it when it rewrites the figures above."""
+
+
 def _emit(text: str, out: Path | None, argv: list[str] | None) -> None:
     print(text)
     if out:
         cmd = "OMP_NUM_THREADS=1 .venv/bin/python bench/layerwise.py " + " ".join(argv or sys.argv[1:])
-        out.write_text(f"# Layer-wise distributed optimizer: benchmark\n\nCommand: `{cmd.strip()}`\n\n{text}\n")
+        old = out.read_text() if out.exists() else ""
+        notes = old[old.index(NOTES_HEADING):] if NOTES_HEADING in old else ""
+        out.write_text(f"# Layer-wise distributed optimizer: benchmark\n\nCommand: `{cmd.strip()}`\n\n{text}\n"
+                       + (f"\n{notes}" if notes else ""))
 
 
 if __name__ == "__main__":
