@@ -14,7 +14,7 @@ STACK_STAMP := $(STACK_VENV)/.installed
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
 
-.PHONY: demo test test-main test-stack lint venv stack-venv bench clean-venv
+.PHONY: demo test test-main test-stack test-unit system-deps lint venv stack-venv bench clean-venv
 
 venv: $(STAMP)
 
@@ -42,10 +42,21 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 
-test: test-main test-stack
+# Every tier runs (docs/testing.md): markers select, nothing is deselected here.
+test: system-deps test-main test-stack
 
-test-main: venv lint
+# The system tools the system tests use (Slurm, podman, ...): installed here, never inside a test. Quick when
+# present; installs with apt-get only as root; otherwise (or when apt-get fails) it names what is missing and goes
+# on: the tests that need a missing tool skip (Slurm) or fail (podman) with that reason, as they would without it.
+system-deps:
+	@scripts/system_deps.sh || echo "system-deps: not all installed (see above); continuing"
+
+test-main: venv lint system-deps
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests --ignore=$(STACK_TESTS)
+
+# The developers' quick tier: .venv's tests without the system and slow ones (installs nothing system-wide).
+test-unit: venv
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests --ignore=$(STACK_TESTS) -m "not system and not slow"
 
 test-stack: stack-venv
 	OMP_NUM_THREADS=1 $(STACK_VENV)/bin/python -m pytest $(STACK_TESTS) tests/megatron_cpu

@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # Make rootful podman/buildah work on a CI VM without a Docker engine (idempotent).
-# Installs podman, buildah, runc and debootstrap from apt if any is missing, then writes
+# Installs podman, buildah, runc and debootstrap from apt if any is missing (scripts/system_deps.sh oci;
+# --no-install only checks: what the tests use, `make system-deps` installs before the suites), then writes
 # /etc/containers/containers.conf: runc instead of crun (crun rejects hybrid cgroups) and ulimits the
 # VM allows (the default RLIMIT_NOFILE/NPROC cannot be raised without CAP_SYS_RESOURCE).
-# Usage: sudo scripts/oci_setup.sh        (root is required; prints what it did)
+# Usage: sudo scripts/oci_setup.sh [--no-install]   (root is required; prints what it did)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
+deps=(oci)
+case "${1:-}" in
+  "") ;;
+  --no-install) deps=(--check oci) ;;
+  *) echo "oci_setup.sh: unknown argument '$1' (usage: oci_setup.sh [--no-install])" >&2; exit 2 ;;
+esac
 if [ "$(id -u)" != 0 ]; then
   echo "oci_setup.sh: must run as root (rootful podman); uid is $(id -u)" >&2
   exit 1
 fi
-missing=()
-for tool in podman buildah runc debootstrap; do
-  command -v "$tool" >/dev/null || missing+=("$tool")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  echo "oci_setup.sh: installing ${missing[*]} (apt)"
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends podman buildah runc uidmap slirp4netns fuse-overlayfs \
-    debootstrap ca-certificates >/dev/null
+if ! "$(dirname "$0")/system_deps.sh" "${deps[@]}"; then
+  echo "oci_setup.sh: podman/buildah/runc/debootstrap are not installed" >&2
+  exit 1
 fi
 mkdir -p /etc/containers
 NOFILE=$(ulimit -Hn)

@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
 # Start a single-node Slurm cluster on this machine (Debian slurm-wlm + munge), for tests and local trials.
 # Idempotent: re-running with daemons up is a no-op; a changed generated slurm.conf restarts them.
-# Installs slurm-wlm + munge with apt-get when missing. Exit 77 = cannot install here (not root / no apt):
-# callers may skip with that reason. Stop with scripts/slurm_down.sh (by pid file, never by name).
-# Env: SLURM_STATE_DIR (default /tmp/slurm).
+# Installs slurm-wlm + munge with apt-get when missing (scripts/system_deps.sh slurm); --no-install only checks
+# (what the tests use: `make system-deps` installs before the suites). Exit 77 = not installed and not installable
+# here (not root / no apt, or --no-install): callers may skip with that reason (on stderr).
+# Stop with scripts/slurm_down.sh (by pid file, never by name).
+# Usage: scripts/slurm_up.sh [--no-install]      Env: SLURM_STATE_DIR (default /tmp/slurm).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 STATE=${SLURM_STATE_DIR:-/tmp/slurm}
-if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v sbatch >/dev/null; then
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    echo "slurm-wlm/munge are not installed and cannot be installed here (need root and apt-get)" >&2
-    exit 77
-  fi
-  if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; }; then
-    echo "apt-get install slurm-wlm munge failed" >&2
-    exit 77
-  fi
-fi
+deps=(slurm)
+case "${1:-}" in
+  "") ;;
+  --no-install) deps=(--check slurm) ;;
+  *) echo "slurm_up.sh: unknown argument '$1' (usage: slurm_up.sh [--no-install])" >&2; exit 2 ;;
+esac
+"$(dirname "$0")/system_deps.sh" "${deps[@]}" >&2 || exit $?
 HOST=$(hostname -s)
 CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)   # nproc obeys OMP_NUM_THREADS; slurmd must not
 TOPO=$(slurmd -C | head -1 | grep -o "Boards=.* ThreadsPerCore=[0-9]*")
