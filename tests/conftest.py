@@ -1,11 +1,16 @@
 """Shared test configuration: tests run on CPU, single-threaded per process, deterministic; the container-stack and
-Megatron CPU tests never skip (`tests/never_skip.py`)."""
+Megatron CPU tests never skip (`tests/never_skip.py`); whole folders get their tier's marker here (docs/testing.md)."""
 
 import os
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+FOLDER_MARKERS: dict[str, str] = {"container_stack": "system", "megatron_cpu": "megatron"}
+"""tests/<folder> -> the marker every test in it gets (markers are registered in pyproject.toml)."""
+_TESTS = Path(__file__).resolve().parent
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -13,3 +18,11 @@ def pytest_configure(config: pytest.Config) -> None:
     from tests.never_skip import PLUGIN_NAME, NeverSkip
 
     config.pluginmanager.register(NeverSkip(config.rootpath), PLUGIN_NAME)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test of a folder in `FOLDER_MARKERS` with its tier (selection only: nothing is deselected)."""
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.is_relative_to(_TESTS) and (parts := path.relative_to(_TESTS).parts)[0] in FOLDER_MARKERS:
+            item.add_marker(FOLDER_MARKERS[parts[0]])

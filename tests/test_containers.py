@@ -2,8 +2,10 @@
 podman build on a stand-in NGC base runs the CLI, keeps the base's packages and adds only our pinned layer.
 
 The NGC base cannot be pulled on CI; scripts/standin_base.sh builds a Debian trixie stand-in (python3, pip,
-click, pyyaml, an NGC-like entrypoint). The live tests need root (rootful podman, see scripts/oci_setup.sh): where
-the tools cannot be installed they fail with the reason, never skip.
+click, pyyaml, an NGC-like entrypoint). The live tests (marked `system`) need root (rootful podman): they install
+nothing (`make system-deps`, which `make test` runs first, installs podman/buildah/runc/debootstrap); the fixture
+only configures them (scripts/oci_setup.sh --no-install). Where the tools are missing they fail with the reason,
+never skip.
 """
 
 import importlib.util
@@ -231,7 +233,7 @@ def standin() -> str:
     if os.geteuid() != 0:
         pytest.fail("the container build test needs root for rootful podman (scripts/oci_setup.sh); uid is "
                     f"{os.geteuid()}. Run the suite as root on CI.")
-    _sh(["bash", str(ROOT / "scripts" / "oci_setup.sh")], timeout=BUILD_TIMEOUT_S)
+    _sh(["bash", str(ROOT / "scripts" / "oci_setup.sh"), "--no-install"], timeout=BUILD_TIMEOUT_S)
     return _sh(["bash", str(ROOT / "scripts" / "standin_base.sh")], timeout=BUILD_TIMEOUT_S).stdout.strip()
 
 
@@ -253,6 +255,7 @@ def _run(tag: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess
     return _sh(["podman", "run", "--rm", "--no-healthcheck", "--network", "none", tag, *cmd], check=check)
 
 
+@pytest.mark.system
 def test_image_runs_the_cli_and_imports_the_light_parts_without_torch(image):
     tag, _ = image
     code = ("import sys, nemo_muon.config, nemo_muon.recipes, nemo_muon.versions as v; "
@@ -262,6 +265,7 @@ def test_image_runs_the_cli_and_imports_the_light_parts_without_torch(image):
     assert "Usage: nemo-muon" in help_out and "doctor" in help_out
 
 
+@pytest.mark.system
 def test_plan_in_the_image_matches_the_development_install(image):
     """`nemo-muon plan` works without torch in the image and computes what the dev install computes."""
     tag, _ = image
@@ -272,6 +276,7 @@ def test_plan_in_the_image_matches_the_development_install(image):
     assert {k: inside[k] for k in keys} == {k: here[k] for k in keys}
 
 
+@pytest.mark.system
 def test_entrypoint_runs_any_command_through_the_base_entrypoint(image):
     tag, _ = image
     r = _run(tag, "bash", "-c", 'echo "args:$1,$2"; exit 7', "_", "a b", "c", check=False)
@@ -280,6 +285,7 @@ def test_entrypoint_runs_any_command_through_the_base_entrypoint(image):
     assert _run(tag, "nemo-muon", "--version").stdout.strip().endswith("0.1.0")
 
 
+@pytest.mark.system
 def test_image_keeps_every_base_package_and_adds_only_the_pinned_layer(image, standin):
     tag, log = image
     listing = ["python3", "-m", "pip", "list", "--format=json"]
@@ -291,6 +297,7 @@ def test_image_keeps_every_base_package_and_adds_only_the_pinned_layer(image, st
     assert "base distributions unchanged" in log
 
 
+@pytest.mark.system
 def test_image_labels_env_and_healthcheck(image, standin):
     tag, _ = image
     info = json.loads(_sh(["podman", "image", "inspect", tag]).stdout)[0]
@@ -306,6 +313,7 @@ def test_image_labels_env_and_healthcheck(image, standin):
     assert info["Healthcheck"]["Test"] == ["CMD", "env", "CUDA_VISIBLE_DEVICES=", "nemo-muon", "doctor"]
 
 
+@pytest.mark.system
 def test_doctor_in_the_image_judges_the_image_release(image):
     tag, _ = image
     r = _run(tag, "env", "CUDA_VISIBLE_DEVICES=", "nemo-muon", "doctor", "--json", check=False)  # as the health check
@@ -316,12 +324,14 @@ def test_doctor_in_the_image_judges_the_image_release(image):
     assert checks["torch"]["status"] == "fail" and r.returncode == 1  # the stand-in has no torch: unhealthy
 
 
+@pytest.mark.system
 def test_image_adds_little_to_its_base(image, standin):
     tag, _ = image
     size = {i: json.loads(_sh(["podman", "image", "inspect", i]).stdout)[0]["Size"] for i in (tag, standin)}
     assert size[tag] - size[standin] < 15e6, size
 
 
+@pytest.mark.system
 def test_newer_release_variant_builds_from_the_same_dockerfile(standin):
     newest = "26.06"
     tag, log = _build(standin, newest)

@@ -49,6 +49,7 @@ def _stall_rank_one(rank: int, world: int, group: Any) -> int:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_spawned_ranks_end_within_the_collective_timeout_when_one_is_stopped() -> None:
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="rank 0 failed") as err:
@@ -83,6 +84,7 @@ def _train_steps(metrics: Path) -> int:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_torchrun_job_ends_within_the_bound_when_a_rank_is_stopped(tmp_path: Path) -> None:
     """The job entry under torchrun: rank 0 fails its collective after 5 s, torchrun stops the job (its 30 s grace
     before SIGKILL is the rest of the bound); the rerun with ``checkpoint.resume=true`` resumes from the last

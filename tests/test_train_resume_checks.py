@@ -161,6 +161,7 @@ def test_spawned_ranks_refuse_with_one_line(base) -> None:
     assert "\n" not in message and "Traceback" not in message
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_print_a_refusal_once(base) -> None:
     root, corpus = base
     run = "torchrun"
