@@ -261,7 +261,7 @@ def _misc_body(rank: int, world: int, group: Any) -> dict[str, Any]:
         train(model, opt, STEPS, rank, world)
         masters = {n: m for n, m in opt.masters.items()}
         out[f"{dtype}/params"] = params_of(model)
-        out[f"{dtype}/master_ok"] = all(m.dtype == torch.float32 and torch.equal(m.to(dtype), opt._param_of[n])
+        out[f"{dtype}/master_ok"] = all(m.dtype == torch.float32 and torch.equal(m.to(dtype), opt.params_by_name[n])
                                         for n, m in masters.items())
     # grad reduction overlapped with backward + gradient accumulation (2 micro-batches per rank, the first in no_sync)
     model = make_model()

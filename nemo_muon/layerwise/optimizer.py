@@ -30,12 +30,11 @@ from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket, Entry, build_bucket
 from nemo_muon.layerwise.grad_hooks import GradReduceHooks
 from nemo_muon.layerwise.pieces import Piece, make_piece
 from nemo_muon.layerwise.plan_items import engine_plan, matrix_route
-from nemo_muon.layerwise.split_groups import block_groups, gather_whole
-from nemo_muon.optim.routed import place_state_value
+from nemo_muon.layerwise.split_groups import block_groups
+from nemo_muon.layerwise.state_format import load_shard_state, shard_state
 
 NamedParams = Sequence[tuple[str, torch.nn.Parameter]]
 OptimizerFactory = Callable[[NamedParams], torch.optim.Optimizer]
-STATE_FORMAT = "nemo_muon.layerwise/1"
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -102,7 +101,8 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         if not named:
             raise fail("model", type(model).__name__, "a module with trainable parameters")
         self.names = [n for n, _ in named]
-        self._param_of = dict(named)
+        self.params_by_name = dict(named)
+        """Every trainable parameter by name (model order)."""
         self.comm_device = named[0][1].device  # of the scalars all-reduced in global checks (NCCL: no CPU tensors)
         super().__init__([p for _, p in named], {"lr": float(getattr(optimizer, "lr", 0.0))})  # factory: set below
         categories: list[tuple[NamedParams, dist.ProcessGroup | None, str]] = [(named, dp_group, "dp_group")]
@@ -134,7 +134,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         self.split_keys = [self.splits[n].key for n in self.names if n in self.splits]
         self.masters: dict[str, torch.nn.Parameter] = {}
         for n in self.owned_names:
-            p = self._param_of[n]
+            p = self.params_by_name[n]
             use_master = master_weights and p.dtype in _LOW_PRECISION
             self.masters[n] = torch.nn.Parameter(p.detach().float().clone()) if use_master else p
         for key in self.split_keys:  # a slice is a tensor of its own (fp32 with master weights), a TP shard for Muon
@@ -191,7 +191,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         if by_group and not isinstance(optimizer, MuonConfig):
             raise fail("optimizer", type(optimizer).__name__, "a MuonConfig to split matrices (ns_split_target)")
         inners = [build_optimizer(optimizer, named, tp_group=g, tp_mode="distributed") for g, named in by_group.items()]
-        self._split_inner_of = {self.splits[n].key: inner for inner, (_, named) in zip(inners, by_group.items(),
+        self.split_inner_of = {self.splits[n].key: inner for inner, (_, named) in zip(inners, by_group.items(),
                                                                                         strict=True) for n, _ in named}
         return inners
 
@@ -385,75 +385,19 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state (and separate master weights) held by this rank."""
-        total = sum(m.numel() * m.element_size() for n, m in self.masters.items() if m is not self._param_of.get(n))
+        total = sum(m.numel() * m.element_size() for n, m in self.masters.items() if m is not self.params_by_name.get(n))
         for inner in ([self.inner] if self.inner is not None else []) + self.split_inners:
             for st in inner.state.values():
                 total += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
         return total
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shard, keyed by parameter name (merge the shards of all ranks to load at any DP size).
-
-        A split matrix is stored whole, by the first member of its block (the members gather their slices: with
-        splits, every rank of the DP group must call this together)."""
-        self.finish_param_gather()
-        state: dict[str, dict[str, Any]] = {}
-        for n in self.owned_names:
-            st = self.inner.state.get(self.masters[n], {}) if self.inner is not None else {}
-            state[n] = {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in st.items()}
-        masters = {n: self.masters[n].detach().clone() for n in self.owned_names
-                   if self.masters[n] is not self._param_of[n]}
-        for n in self.names:
-            if n not in self.splits:
-                continue
-            sm, p = self.splits[n], self._param_of[n]
-            master = self.masters[sm.key]
-            piece_shape = sm.pieces[sm.index].shape
-            st = self._split_inner_of[sm.key].state.get(master, {})
-            whole = {k: gather_whole(v.detach(), sm.pieces, p, sm.group)
-                     if torch.is_tensor(v) and tuple(v.shape) == piece_shape else v for k, v in sorted(st.items())}
-            whole_master = gather_whole(master.detach(), sm.pieces, p, sm.group) if master.dtype != p.dtype else None
-            if sm.index == 0:
-                state[n] = whole
-                if whole_master is not None:
-                    masters[n] = whole_master
-        group = self.param_groups[0]
-        return {"format": STATE_FORMAT, "names": list(self.names), "owned": [n for n in self.names if n in state],
-                "state": state, "masters": masters, "skipped_steps": self.skipped_steps,
-                "lr": group["lr"], "initial_lr": group.get("initial_lr")}
+        """This rank's shard, keyed by parameter name (`nemo_muon.layerwise.state_format.shard_state`)."""
+        return shard_state(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a (merged) state dict: every name this rank owns or helps orthogonalize must be present; unknown
-        names are an error."""
-        if state_dict.get("format") != STATE_FORMAT:
-            raise fail("state_dict['format']", state_dict.get("format"), repr(STATE_FORMAT))
-        unknown = sorted(set(state_dict["state"]) - set(self.names))
-        if unknown:
-            raise ValueError(f"state_dict has parameters this model lacks: {unknown[:10]}")
-        missing = [n for n in self.state_names if n not in state_dict["state"]]
-        if missing:
-            raise ValueError(f"state_dict lacks optimizer state for parameters owned here: {missing[:10]}")
-        self.finish_param_gather()
-        with torch.no_grad():
-            for n in self.owned_names:
-                master, p = self.masters[n], self._param_of[n]
-                if master is not p:
-                    src = state_dict["masters"].get(n, p)
-                    master.copy_(src)
-                if self.inner is not None:
-                    st = state_dict["state"][n]
-                    self.inner.state[master] = {k: place_state_value(k, v, master.device) for k, v in st.items()}
-            for n, sm in self.splits.items():
-                master, p, piece = self.masters[sm.key], self._param_of[n], sm.pieces[sm.index]
-                master.copy_(piece.read(state_dict["masters"].get(n, p)))
-                st = {k: piece.read(v) if torch.is_tensor(v) and v.shape == p.shape else v
-                      for k, v in state_dict["state"][n].items()}
-                self._split_inner_of[sm.key].state[master] = {k: place_state_value(k, v, master.device)
-                                                              for k, v in st.items()}
-        self.skipped_steps = int(state_dict.get("skipped_steps", 0))
-        self.param_groups[0]["lr"] = state_dict["lr"]
-        if state_dict.get("initial_lr") is not None:
-            self.param_groups[0]["initial_lr"] = state_dict["initial_lr"]
+        """Load a (merged) state dict (`nemo_muon.layerwise.state_format.load_shard_state`)."""
+        load_shard_state(self, state_dict)
 
 
 def _finish(buckets: Sequence[Bucket]) -> None:
