@@ -201,3 +201,26 @@ def test_split_gate_up_is_costed_per_part_but_owned_as_one_tensor():
     assert cost[name] == pytest.approx(2 * matrix_ns_flops((96, 128)))
     assert {t.item.name: t.item.cost for t in fused.tensors}[name] == pytest.approx(matrix_ns_flops((192, 128)))
     assert sum(split.gpu_flops) == pytest.approx(plan_recipe(r)["ns_flops_executed_per_step"])
+
+
+def test_split_members_hold_the_whole_matrix_inside_megatron_but_a_slice_in_the_torch_engine():
+    """Optimizer state of split ownership: inside Megatron-Core 0.16 every member of a block keeps the split
+    matrix's whole master and momentum; the torch engine keeps one slice per member. The difference on each rank is
+    exactly its split matrices' (ways - 1) / ways elements."""
+    from nemo_muon.accounting.layout import validate_layout
+    from nemo_muon.accounting.model_ownership import CostModel, stage_plan
+    from nemo_muon.accounting.planner import _stage_ranks
+
+    r = kimi(split_gate_up=False)
+    layout = validate_layout(r)
+    sp = stage_plan(r.model, layout, 0, cost=CostModel(split_gate_up=False, split_gather_update=True),
+                    balance_target=1.02)
+    assert sp.plan.splits  # stage 0's dense fc1 and friends are split
+    whole = _stage_ranks(layout, sp, True, split_held_whole=True)
+    slices = _stage_ranks(layout, sp, True, split_held_whole=False)
+    numel = {t.item.name: t.item.numel for t in sp.tensors}
+    for gpu, (w, s) in enumerate(zip(whole, slices, strict=True)):
+        b = gpu // layout.tp
+        extra = sum(numel[n] - numel[n] // split.option.ways for n, split in sp.plan.splits.items() if b in split.ranks)
+        assert w.owned_hidden - s.owned_hidden == extra
+    assert any(w.owned_hidden > s.owned_hidden for w, s in zip(whole, slices, strict=True))

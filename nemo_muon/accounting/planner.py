@@ -12,7 +12,7 @@ Torch-free. What it models (docs/flops.md has the rules and the arithmetic):
   matrix when not (the megatron recipes: ``split_gate_up=False``); routed experts stay on their EP rank (LPT over
   its edp replicas), the stage's other tensors go by LPT over the dp·cp ranks starting from their expert load.
   Without layer-wise ownership every replica orthogonalizes all of its matrices. Costs are the NS FLOPs one TP
-  rank executes for the recipe's TP mode. With Muon's ``ns_split_target`` (torch backend) the plan is the split one
+  rank executes for the recipe's TP mode. With Muon's ``ns_split_target`` the plan is the split one
   the layer-wise engine executes (``stage_plan(balance_target=...)``: the torch engine, or our ownership inside
   Megatron-Core 0.16's layer-wise optimizer, which also all-gathers the update within the block:
   ``CostModel.split_gather_update``); ``ns_split`` reports that plan's figures (split matrices, extra bytes per
@@ -66,9 +66,11 @@ def _soap_elems(t: StageTensor) -> int:
     return sum(3 * m * n + 2 * (m * m + n * n) for m, n in t.parts)
 
 
-def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool) -> list[_Rank]:
+def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool, split_held_whole: bool = False) -> list[_Rank]:
     """Per-GPU NS load, held elements, owned matrix elements and AdamW share of one stage (``sp`` from
-    ``nemo_muon.accounting.model_ownership.stage_plan``, the one source of the ownership and of the NS load)."""
+    ``nemo_muon.accounting.model_ownership.stage_plan``, the one source of the ownership and of the NS load).
+    ``split_held_whole``: every member of a split matrix's block keeps its whole master and momentum (our ownership
+    inside Megatron-Core 0.16); otherwise each keeps its slice (the torch engine)."""
     tp, etp, ep, edp = layout.tp, layout.etp, layout.ep, layout.edp
     dpcp = layout.dp * layout.cp
     dense = [t for t in sp.tensors if t.ep_rank is None]
@@ -90,7 +92,7 @@ def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool) -> list[_Rank]:
             split = sp.plan.splits.get(t.item.name) if layerwise else None
             if split is not None:  # each member of the block owns one slice
                 for b in split.ranks:
-                    d_numel[b] += t.item.numel // split.option.ways
+                    d_numel[b] += t.item.numel if split_held_whole else t.item.numel // split.option.ways
                     d_ns[b] += split.option.cost
                 continue
             for b in [sp.plan.owners[t.item.name]] if layerwise else range(dpcp):
@@ -154,7 +156,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     gather_max = gather_total = 0.0
     for p in range(layout.pp):
         sp = stage_plan(spec, layout, p, cost=cost, balance_target=target)
-        layerwise = _stage_ranks(layout, sp, True)
+        layerwise = _stage_ranks(layout, sp, True, split_held_whole=recipe.backend == "megatron")
         stage = layerwise if recipe.layerwise else _stage_ranks(layout, sp, False)
         dense_numel = sum(t.item.numel for t in sp.tensors if t.ep_rank is None)
         expert_numel = sum(t.item.numel for t in sp.tensors if t.ep_rank == 0)

@@ -26,9 +26,9 @@ NS_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 NONFINITE_POLICIES: tuple[str, ...] = ("skip", "raise")
 MEGATRON_ENGINES: tuple[str, ...] = ("nemo_muon", "megatron")
 MEGATRON_BACKEND_ONLY = "megatron_backend_only"
-LAYERWISE_ENGINE_FIELD = "layerwise_engine_field"
-"""Field metadata: read by the layer-wise engine, not an argument of the optimizer class."""
 """Field metadata key: the field chooses how the megatron backend builds the optimizer; no optimizer-class kwarg."""
+LAYERWISE_ENGINE_FIELD = "layerwise_engine_field"
+"""Field metadata: read by the layer-wise ownership (not an argument of the optimizer class)."""
 MAX_NS_STEPS = 100
 """Newton–Schulz iterations at most (5 is standard; each costs three matmuls per matrix per step)."""
 DEFAULT_WEIGHT_DECAY = 0.1
@@ -98,9 +98,11 @@ class MuonConfig(_BaseOptimizerConfig):
     nonfinite: NonFinitePolicy = "skip"
     """A non-finite gradient anywhere skips the whole step (and is reported) or raises."""
     ns_split_target: float | None = dataclasses.field(default=None, metadata={LAYERWISE_ENGINE_FIELD: True})
-    """Layer-wise engine (torch backend): the NS load max/mean over the DP ranks to reach by splitting the largest
-    matrices' Newton–Schulz over aligned blocks of 2, 4 or 8 DP ranks (distributed NS within the block; exact up to
-    fp32 rounding); None = whole-tensor ownership only. ``nemo-muon plan`` prints the plan this executes."""
+    """Layer-wise ownership: the NS load max/mean over the DP ranks to reach by splitting the largest matrices'
+    Newton–Schulz over aligned blocks of 2, 4 or 8 DP ranks (distributed NS within the block; exact up to fp32
+    rounding); None = whole-tensor ownership only. Run by the torch backend's engine and, on the megatron backend,
+    by engine 'nemo_muon' inside Megatron-Core 0.16 with TP=1 (refused on 0.18+, where DDP's layout owns the
+    tensors). ``nemo-muon plan`` prints the plan this executes."""
     engine: MegatronEngine = dataclasses.field(default="nemo_muon", metadata={MEGATRON_BACKEND_ONLY: True})
     """Megatron backend only: whose Muon updates the matrices inside Megatron-Core's layer-wise distributed optimizer:
     'nemo_muon' (this package's Muon, on Megatron-Core 0.16 and 0.18+) or 'megatron' (Megatron-Core's own
