@@ -27,7 +27,7 @@ from nemo_muon._validation import check_choice, check_range, fail
 from nemo_muon.accounting.ownership import METHODS, OwnershipPlan
 from nemo_muon.config.optimizer import NONFINITE_POLICIES, MuonConfig
 from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket, Entry, build_buckets, resolve_collectives
-from nemo_muon.layerwise.grad_hooks import GradReduceHooks
+from nemo_muon.layerwise.grad_reduction import GradientReduction
 from nemo_muon.layerwise.pieces import Piece, make_piece
 from nemo_muon.layerwise.plan_items import engine_plan, matrix_route
 from nemo_muon.layerwise.split_groups import block_groups
@@ -150,10 +150,12 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         self._inner_base_lrs = [g["lr"] for g in self.inner.param_groups] if self.inner is not None else []
         self._reference_lr = self._agreed_reference_lr(optimizer)
         self.param_groups[0]["lr"] = self._reference_lr
-        self._reduced = False
-        self._clip_coef = 1.0
+        self.gradients = GradientReduction(
+            self.buckets, self.masters, dp_group=dp_group, dp_size=self.dp_size, comm_device=self.comm_device,
+            global_flats=self.collectives == "all_reduce" and expert_dp_group is None and dp_group is not None,
+            overlap=overlap_grad_reduce)
+        """Reduces the grads to their owners; the global norm, clipping and the non-finite check."""
         self._hooks = self._register_hooks(model) if overlap_param_gather else []
-        self.grad_hooks = GradReduceHooks(self.buckets) if overlap_grad_reduce else None
 
     # ------------------------------------------------------------------ construction helpers
     def _entries(self, named: NamedParams, plan: OwnershipPlan, optimizer: Any, group: dist.ProcessGroup | None,
@@ -231,7 +233,9 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
             return float(optimizer.lr)
         local = torch.tensor(max(self._inner_base_lrs, default=-math.inf), dtype=torch.float64,
                              device=self.comm_device)
-        agreed = float(self._all_reduce(local, dist.ReduceOp.MAX))
+        if self.dp_group is not None:
+            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.dp_group)
+        agreed = float(local)
         if not math.isfinite(agreed) or agreed <= 0:
             raise fail("optimizer", optimizer, "a factory whose optimizer has a positive, finite lr on some rank")
         return agreed
@@ -241,69 +245,25 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         """Wait for every outstanding param gather (called by step, state_dict and the forward pre-hooks)."""
         _finish(self.buckets)
 
+    @property
+    def grad_hooks(self) -> Any:
+        """The backward hooks that start the reduce early (``overlap_grad_reduce``), or None."""
+        return self.gradients.hooks
+
     def reduce_gradients(self) -> None:
-        """Reduce grads to owners (all buckets in flight at once); each owned master gets the DP-mean grad.
-        Idempotent until step()."""
-        if self._reduced:
-            return
+        """Reduce grads to owners; each owned master gets the DP-mean grad. Idempotent until step()."""
         self.finish_param_gather()
-        for b in self.buckets:
-            if not b.launched:  # not started by the backward hooks (overlap off, or a param got no grad)
-                b.start_reduce()
-        if self.grad_hooks is not None:
-            self.grad_hooks.reset()
-        for b in self.buckets:
-            seg = b.finish_reduce()
-            for i in b.owned():
-                g = seg.narrow(0, b.offsets[i] - b.rank * b.seg_numel, b.numel_of(i)).view(b.view_of(i).shape)
-                master = self.masters[b.names[i]]
-                master.grad = g.to(master.dtype).div_(self.dp_size)
-        self._reduced = True
-        self._clip_coef = 1.0
-
-    def _owned_grads(self) -> list[torch.Tensor]:
-        return [m.grad for m in self.masters.values() if m.grad is not None]
-
-    def _all_reduce(self, t: torch.Tensor, op: dist.ReduceOp) -> torch.Tensor:
-        if self.dp_group is not None:
-            dist.all_reduce(t, op=op, group=self.dp_group)
-        return t
-
-    def _flats_are_global(self) -> bool:
-        """True when every rank holds every reduced grad (all-reduce mode, one group): global checks need no
-        collective (one sync point less per step; each costs milliseconds on a loaded gloo host)."""
-        return self.collectives == "all_reduce" and self.expert_dp_group is None and self.dp_group is not None
+        self.gradients.reduce()
 
     def global_grad_norm(self) -> float:
         """The L2 norm of the DP-mean gradient over all parameters (all ranks agree; after clipping: clipped)."""
-        self.reduce_gradients()
-        sq = torch.zeros((), dtype=torch.float64, device=self.comm_device)
-        if self._flats_are_global():
-            for b in self.buckets:
-                sq += b.flat.detach().double().pow(2).sum()
-            return math.sqrt(sq.item()) / self.dp_size * self._clip_coef
-        for g in self._owned_grads():
-            sq += g.detach().double().pow(2).sum()
-        return math.sqrt(self._all_reduce(sq, dist.ReduceOp.SUM).item())
+        self.finish_param_gather()
+        return self.gradients.global_norm()
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Scale grads so the global norm is at most ``max_norm`` (torch's rule); return the norm before."""
-        check_range("max_norm", max_norm, low=0.0, low_inclusive=False)
-        norm = self.global_grad_norm()
-        coef = min(1.0, max_norm / (norm + 1e-6)) if math.isfinite(norm) else 1.0
-        for g in self._owned_grads():
-            g.mul_(coef)
-        self._clip_coef *= coef
-        return norm
-
-    def _all_finite(self) -> bool:
-        """True when no rank has a non-finite gradient: the checks stay on the device, one host read in all."""
-        if self._flats_are_global():  # NaN/Inf survive the sum: every rank sees them in its reduced buffers
-            flags = [torch.isfinite(b.flat).all() for b in self.buckets]
-            return bool(torch.stack(flags).all()) if flags else True
-        flags = [torch.isfinite(g).all().to(self.comm_device) for g in self._owned_grads()]
-        bad = (~torch.stack(flags).all()).float() if flags else torch.zeros((), device=self.comm_device)
-        return self._all_reduce(bad, dist.ReduceOp.MAX).item() == 0.0
+        self.finish_param_gather()
+        return self.gradients.clip(max_norm)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> None:
@@ -311,8 +271,8 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             raise fail("closure", closure, "None (the layer-wise optimizer takes no closure)")
         self.reduce_gradients()
-        self._reduced = False
-        self.last_step_skipped = not self._all_finite()
+        self.gradients.reset()
+        self.last_step_skipped = not self.gradients.all_finite()
         if self.last_step_skipped:
             if self.nonfinite == "raise":
                 raise FloatingPointError("non-finite gradient on some data-parallel rank (nonfinite='raise')")
@@ -353,9 +313,9 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        if self.grad_hooks is not None:
-            self.grad_hooks.remove()
-            self.grad_hooks = None
+        if self.gradients.hooks is not None:
+            self.gradients.hooks.remove()
+            self.gradients.hooks = None
 
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
         """With ``overlap_grad_reduce``: backward inside this block starts no reduction (gradient accumulation:
@@ -364,15 +324,10 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the model's grads and the masters' grads (draining reductions started by a backward)."""
-        for b in self.buckets:
-            if b.launched:
-                b.finish_reduce()
-        if self.grad_hooks is not None:
-            self.grad_hooks.reset()
+        self.gradients.drain()
         super().zero_grad(set_to_none=set_to_none)
         for m in self.masters.values():
             m.grad = None
-        self._reduced = False
 
     # ------------------------------------------------------------------ state
     def comm_bytes_per_step(self) -> int:
