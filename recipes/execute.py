@@ -1,13 +1,14 @@
 """Build a recipe from its name and overrides, describe it, and run its backend (torch-free until it trains).
 
 Shared by the NeMo-Run entrypoint (`nemo llm pretrain`), executor tasks (`run_recipe` is what every rank of a
-NeMo-Run launch calls) and the operator CLI.
+NeMo-Run launch calls) and the operator CLI. A recipe is resolved once (`build_recipe`); what runs it on a rank is
+`run_resolved`, the one launch path every entry point calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -87,17 +88,34 @@ def pretrain_recipe(recipe: TrainingRecipe, **kwargs: Any) -> Any:
     return backend_pretrain(recipe.backend)(recipe, **kwargs)
 
 
-def run_recipe(recipe: str, overrides: Sequence[str] = ()) -> Any:
-    """What each rank of a NeMo-Run launch calls: build ``recipe`` with ``overrides`` and train it. A refusal of the
-    run (a resume mismatch, divergence, a damaged checkpoint) is printed once, by rank 0, as ``error: <one line>``
-    and ends the rank with its exit code (`nemo_muon.train.refusals`), as `nemo-muon launch` does."""
+def run_resolved(recipe: TrainingRecipe, **kwargs: Any) -> int:
+    """Run this resolved recipe on this rank: the one launch path of NeMo-Run's task (`run_recipe`), the job every
+    launcher starts (``python -m nemo_muon.launchers.run_recipe``) and ``python -m nemo_muon.train.pretrain``.
+
+    Trains ``recipe`` with its backend (`pretrain_recipe`; ``kwargs`` go to it) and returns the exit code: 0, or a
+    refusal of the run (a resume mismatch, divergence, a damaged checkpoint) printed once, by rank 0 (``RANK``), as
+    ``error: <one line>`` with its exit code (`nemo_muon.train.refusals.run_or_refuse`)."""
     import os
 
     from nemo_muon.train.refusals import run_or_refuse
 
-    result: dict[str, Any] = {}
-    code = run_or_refuse(lambda: result.setdefault("out", pretrain_recipe(build_recipe(recipe, overrides))),
-                         rank=int(os.environ.get("RANK", "0")))
+    return run_or_refuse(lambda: pretrain_recipe(recipe, **kwargs), rank=int(os.environ.get("RANK", "0")))
+
+
+def run_recipe(recipe: Mapping[str, Any] | str, overrides: Sequence[str] = ()) -> None:
+    """What each rank of a NeMo-Run launch calls: ``recipe`` is the resolved document the launch built
+    (`nemo_muon.recipes.resolved`, a plain dict in the task's ``run.Partial``), loaded and checked here, or a
+    registered name that is resolved once, here, with ``overrides``. Then `run_resolved`; a refusal ends the rank
+    with its exit code (``SystemExit``)."""
+    from nemo_muon.recipes.resolved import from_document
+
+    if isinstance(recipe, str):
+        resolved = build_recipe(recipe, overrides)
+    elif overrides:
+        raise ValueError(f"overrides must be empty with a resolved recipe document (it is already resolved); "
+                         f"got {list(overrides)!r}")
+    else:
+        resolved = from_document(recipe)
+    code = run_resolved(resolved)
     if code:
         raise SystemExit(code)
-    return result.get("out")

@@ -34,8 +34,9 @@ from typing import Any
 
 import nemo_run as run
 from nemo_muon.recipes import list_recipes
-from nemo_muon.recipes.execute import build_recipe, describe, pretrain_recipe
+from nemo_muon.recipes.execute import build_recipe, describe, run_resolved
 from nemo_muon.recipes.overrides import check_secret_overrides
+from nemo_muon.recipes.resolved import to_document
 from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, catalogue
 from nemo_run.config import get_type_namespace
 
@@ -148,9 +149,11 @@ def _check_executor_world(executor: Any, world_size: int) -> None:
 
 
 def launch(ctx: RunContext, recipe_name: str, overrides: list[str]) -> None:
-    """Build, print (dry run) or run one recipe: in this process without an executor, else as a NeMo-Run task."""
+    """Build (once), print (dry run) or run one recipe: in this process without an executor, else as a NeMo-Run task
+    that receives the resolved document (`nemo_muon.recipes.execute.run_recipe` loads it on every rank)."""
     try:
         recipe = build_recipe(recipe_name, overrides)
+        document = to_document(recipe, source=recipe_name, overrides=overrides)
     except ValueError as e:
         raise RunContextError(str(e)) from None
     executor = getattr(ctx, "executor", None)
@@ -159,10 +162,13 @@ def launch(ctx: RunContext, recipe_name: str, overrides: list[str]) -> None:
     if executor is not None:
         _check_executor_world(executor, recipe.world_size)
         executor.env_vars.update(recipe.env)
-        task = run.Partial(_run_recipe_task(), recipe=recipe_name, overrides=list(overrides))
+        # resolved once, here: every rank loads this plain dict (nemo_muon.recipes.resolved), nothing re-parses
+        task = run.Partial(_run_recipe_task(), recipe=document)
         run.run(task, executor=executor, name=recipe.name, dryrun=ctx.dryrun, detach=ctx.detach)
     elif not ctx.dryrun:
-        pretrain_recipe(recipe)
+        code = run_resolved(recipe)
+        if code:
+            raise SystemExit(code)
 
 
 def _run_recipe_task() -> Callable:

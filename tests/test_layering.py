@@ -57,8 +57,9 @@ ALLOWED: dict[str, frozenset[str]] = {
 """Component -> what it may import: a component, or ``component.module`` for that one module only; ``*`` = any."""
 
 EXEMPT: dict[tuple[str, str, str], str] = {
-    ("nemo_muon.train.pretrain", "main", "nemo_muon.recipes"):
-        "`python -m nemo_muon.train.pretrain <recipe>` (what torchrun runs) resolves the recipe name",
+    ("nemo_muon.train.pretrain", "main", "nemo_muon.recipes.execute"):
+        "`python -m nemo_muon.train.pretrain <recipe>` resolves the recipe name once and runs it through the one "
+        "launch path (recipes.execute.run_resolved)",
     ("nemo_muon.train.demo", "demo_recipes", "nemo_muon.recipes"):
         "`python -m nemo_muon.train.demo` (make demo) resolves the tiny recipe names",
 }

@@ -59,12 +59,13 @@ def pretrain(recipe: TrainingRecipe, **kwargs: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m nemo_muon.train.pretrain <recipe> [--resume [--allow-optimizer-change]]`: what torchrun runs
-    for the torch backend. Returns the exit code: a refusal or divergence stop prints one line (rank 0)."""
+    """`python -m nemo_muon.train.pretrain <recipe> [--resume [--allow-optimizer-change]]`: a torch-backend run by
+    hand (torchrun runs it on each rank). The name and flags are resolved once (`recipes.execute.build_recipe`, the
+    one validation), then run on this rank (`recipes.execute.run_resolved`). Returns the exit code: a refusal or
+    divergence stop prints one line (rank 0)."""
     import argparse
 
-    from nemo_muon.recipes import get_recipe
-    from nemo_muon.train.refusals import run_or_refuse
+    from nemo_muon.recipes.execute import build_recipe, run_resolved
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("recipe", help="recipe name (nemo-muon plan --list shows them)")
@@ -75,16 +76,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop after N consecutive skipped steps, 0 = never (= trainer.max_consecutive_skips; "
                              f"default: the recipe's, {SKIP_LIMIT_DEFAULT} unless the recipe sets it)")
     args = parser.parse_args(argv)
-    recipe = get_recipe(args.recipe)
-    recipe.checkpoint.resume = recipe.checkpoint.resume or args.resume
-    recipe.checkpoint.allow_optimizer_change = recipe.checkpoint.allow_optimizer_change or args.allow_optimizer_change
-    if args.max_consecutive_skips is not None:
-        recipe.trainer.max_consecutive_skips = args.max_consecutive_skips
+    overrides = [*(["checkpoint.resume=true"] if args.resume else []),
+                 *(["checkpoint.allow_optimizer_change=true"] if args.allow_optimizer_change else []),
+                 *([f"trainer.max_consecutive_skips={args.max_consecutive_skips}"]
+                   if args.max_consecutive_skips is not None else [])]
     try:
-        recipe.validate()
+        recipe = build_recipe(args.recipe, overrides)
     except ValueError as e:
         parser.error(str(e))
-    return run_or_refuse(lambda: pretrain(recipe), rank=int(os.environ.get("RANK", "0")))
+    if recipe.backend != "torch":
+        parser.error(f"recipe.backend must be 'torch' for nemo_muon.train.pretrain; got {recipe.backend!r} (run "
+                     "megatron recipes with python -m nemo_muon.launchers.run_recipe)")
+    return run_resolved(recipe)
 
 
 if __name__ == "__main__":
