@@ -19,6 +19,7 @@ from nemo_muon.launchers.launch_input import LaunchError, parse_env, parse_mount
 from nemo_muon.launchers.profiles import EXECUTORS, ClusterProfile, get_profile
 from nemo_muon.launchers.run_recipe import LAUNCH_ENV_VAR
 from nemo_muon.launchers.slurm import SlurmJob, render_sbatch, sbatch_argv
+from nemo_muon.recipes.resolved import document_path, to_document
 
 from nemo_muon.secret_policy import MASK, split_secrets
 
@@ -65,8 +66,19 @@ class LaunchPlan:
     """Secret variables: passed through the child environment, shown as ****."""
     argv: list[str]
     """The command that is executed here (torchrun / docker run / sbatch)."""
+    document: dict[str, Any] = field(default_factory=dict)
+    """The resolved recipe (`nemo_muon.recipes.resolved`) every rank loads: nothing re-parses the overrides."""
+    recipe_file: Path | None = None
+    """Where `execute` writes ``document`` before it starts anything (the job's ``--recipe-file``)."""
     script: str | None = None
     script_path: Path | None = None
+
+    def write_recipe_file(self) -> Path:
+        """Write the resolved recipe document to ``recipe_file`` (atomically); returns its path."""
+        from nemo_muon.recipes.resolved import write_document
+
+        assert self.recipe_file is not None
+        return write_document(self.recipe_file, self.document)
 
     def process_env(self) -> dict[str, str]:
         """The environment of the process we start: ours + the job's variables (secrets included)."""
@@ -81,17 +93,20 @@ class LaunchPlan:
 
     def describe(self) -> str:
         """Human-readable, exact description of what would be submitted or run (secrets masked)."""
+        source = shlex.join([self.recipe_name, *self.overrides]).replace("\n", "\\n")
+        head = f"# recipe {source}\n# resolved once into {self.recipe_file} (written at launch; every rank loads it)\n"
         if self.script is not None:
-            return (f"# sbatch script ({self.script_path}):\n{self.script}\n# submit:\n{self.command_text()}\n")
+            return (f"{head}# sbatch script ({self.script_path}):\n{self.script}\n# submit:\n{self.command_text()}\n")
         nodes = self.recipe.system.num_nodes
         if self.executor == "docker" and nodes > 1:
-            return (f"# run on each of the {nodes} nodes, with PET_NODE_RANK=0..{nodes - 1} and "
+            return (f"{head}# run on each of the {nodes} nodes, with PET_NODE_RANK=0..{nodes - 1} and "
                     f"PET_MASTER_ADDR=<node 0>:\n{self.command_text()}\n")
-        return f"# run:\n{self.command_text()}\n"
+        return f"{head}# run:\n{self.command_text()}\n"
 
     def as_json(self) -> dict[str, Any]:
         return {"executor": self.executor, "recipe": self.recipe_name, "overrides": self.overrides,
                 "run_dir": str(self.run_dir), "env": self.env, "secrets": {k: MASK for k in self.secrets},
+                "recipe_file": str(self.recipe_file) if self.recipe_file else None, "document": self.document,
                 "command": self.command_text(), "script": self.script,
                 "script_path": str(self.script_path) if self.script_path else None}
 
@@ -179,10 +194,15 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
     if plain or secrets:  # the job records these names (values of secrets masked) in launch.json
         plain[LAUNCH_ENV_VAR] = ",".join([*plain, *secrets])
     nodes, gpn = recipe.system.num_nodes, recipe.system.gpus_per_node
-    job_args = ["-m", ENTRY_MODULE, "--recipe", opts.recipe, *overrides]
+    try:  # resolved once: every rank loads this document, nothing re-parses the overrides
+        document = to_document(recipe, source=opts.recipe, overrides=overrides)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    recipe_file = document_path(run_dir, document)
+    job_args = ["-m", ENTRY_MODULE, "--recipe-file", str(recipe_file)]
     image = _pick(opts.image, profile, "image")
     common = dict(executor=executor, recipe_name=opts.recipe, recipe=recipe, overrides=overrides, run_dir=run_dir,
-                  env=plain, secrets=secrets)
+                  env=plain, secrets=secrets, document=document, recipe_file=recipe_file)
     if executor == "local" and nodes != 1:
         raise LaunchError(f"--nodes must be 1 with --executor local (this machine); got {nodes}")
     if executor == "local":

@@ -51,10 +51,12 @@ def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = No
                 raise LaunchError(f"a {plan.recipe.system.num_nodes}-node docker run needs {missing} set on each "
                                   "node (PET_NODE_RANK=0..N-1, PET_MASTER_ADDR=<node 0>); got them unset")
         plan.run_dir.mkdir(parents=True, exist_ok=True)
+        plan.write_recipe_file()  # what every rank loads (--recipe-file)
         code = subprocess.run(plan.argv, env=plan.process_env(), stdout=None if progress else 2, check=False).returncode
         return LaunchResult(exit_code=code)
     assert plan.script_path is not None
     plan.run_dir.mkdir(parents=True, exist_ok=True)
+    plan.write_recipe_file()  # before the script that names it is submitted
     plan.script_path.write_text(plan.script, encoding="utf-8")
     job_id = slurm.submit(plan.script_path, plan.process_env())
     result = LaunchResult(job_id=job_id)

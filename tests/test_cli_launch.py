@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from click.testing import CliRunner
 from nemo_muon.launchers.cli import main
 from nemo_muon.launchers.slurm import segment_size
 from nemo_muon.recipes import get_recipe
+from nemo_muon.recipes.execute import build_recipe
+from nemo_muon.recipes.resolved import document_path, to_document
 
 IMAGE = "nvcr.io/nvidia/nemo:26.02"
 NGC_DOCKER_FLAGS = "--gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864"
@@ -21,6 +24,16 @@ def _dry_run(tmp_path: Path, *args: str) -> str:
     result = CliRunner().invoke(main, ["launch", *args, "--dry-run", f"logging.root={tmp_path / 'runs'}"])
     assert result.exit_code == 0, result.output
     return result.stdout
+
+
+def _job_document(out: str) -> tuple[list[str], Path]:
+    """The overrides the dry run resolved the recipe with, and the path of the document that resolution gives (what
+    the job's --recipe-file must name; the dry run writes nothing)."""
+    source = next(line for line in out.splitlines() if line.startswith("# recipe "))[len("# recipe "):]
+    name, *overrides = shlex.split(source)
+    recipe = build_recipe(name, overrides)
+    document = to_document(recipe, source=name, overrides=overrides)
+    return overrides, document_path(Path(recipe.logging.root) / (recipe.logging.run_name or recipe.name), document)
 
 
 def _script(out: str) -> str:
@@ -50,7 +63,10 @@ def test_kimi_k2_gb300_sbatch_has_bridge_perf_lines(tmp_path: Path) -> None:
     assert srun.split(" python ")[0].split() == [
         "srun", "--kill-on-bad-exit=1", "--mpi=pmix", f"--container-image={IMAGE}", f"--container-mounts=/lustre/data:/data,{root}:{root}",
         "--no-container-mount-home", "--container-writable", f"--container-workdir={root}"]
-    assert srun.endswith(f"python -m nemo_muon.launchers.run_recipe --recipe kimi_k2_muon logging.root={root}")
+    overrides, document = _job_document(out)
+    assert overrides == [f"logging.root={root}"]
+    assert srun.endswith(f"python -m nemo_muon.launchers.run_recipe --recipe-file {document}")  # resolved once
+    assert document.parent == root / "kimi_k2_muon" and "logging.root" not in srun
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     assert not root.exists()  # a dry run writes nothing
     assert f"sbatch --parsable --export=ALL {root}/kimi_k2_muon/nemo-muon-kimi_k2_muon-1.sbatch" in out
@@ -63,10 +79,12 @@ def test_qwen3_gb300_is_two_nodes_in_one_segment(tmp_path: Path) -> None:
 
 
 def test_more_nodes_rescale_data_parallelism_and_segment(tmp_path: Path) -> None:
-    script = _script(_dry_run(tmp_path, "--recipe", "kimi_k2_muon", "--executor", "slurm", "--image", IMAGE,
-                              "--nodes", "128"))
+    out = _dry_run(tmp_path, "--recipe", "kimi_k2_muon", "--executor", "slurm", "--image", IMAGE, "--nodes", "128")
+    script = _script(out)
     assert "#SBATCH --nodes=128" in script and "#SBATCH --segment=16" in script
-    assert "system.num_nodes=128" in script.rstrip().splitlines()[-1]  # the job builds the same recipe
+    overrides, document = _job_document(out)  # the job loads the same recipe, resolved here once
+    assert "system.num_nodes=128" in overrides
+    assert script.rstrip().splitlines()[-1].endswith(f"--recipe-file {document}")
 
 
 def test_no_container_runs_bare_with_this_python(tmp_path: Path) -> None:
@@ -82,9 +100,10 @@ def test_docker_line_has_ngc_flags_mounts_env_and_entrypoint(tmp_path: Path) -> 
     assert line.startswith(f"docker run --rm {NGC_DOCKER_FLAGS} --network=host -v /data:/data:ro")
     assert "-e NCCL_DEBUG=WARN" in line and "-e NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8" in line
     assert "-e PET_NODE_RANK -e PET_MASTER_ADDR" in line  # 2 GB300 nodes: each node sets its rank
+    overrides, document = _job_document(out)
+    assert overrides == [f"logging.root={tmp_path / 'runs'}"]
     assert line.endswith(f"{IMAGE} torchrun --nnodes 2 --master-port 29500 --nproc-per-node 4 "
-                         f"-m nemo_muon.launchers.run_recipe --recipe qwen3_30b_a3b_muon "
-                         f"logging.root={tmp_path / 'runs'}")
+                         f"-m nemo_muon.launchers.run_recipe --recipe-file {document}")
     assert "each of the 2 nodes" in out
 
 
@@ -92,8 +111,10 @@ def test_local_runs_torchrun_standalone_with_the_recipe_processes(tmp_path: Path
     out = _dry_run(tmp_path, "--recipe", "qwen3_30b_a3b_muon", "--executor", "local", "--nodes", "1",
                    "--gpus-per-node", "4", "parallelism.ep=4", "trainer.global_batch_size=64")
     line = out.splitlines()[-1]
-    assert f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 4 -m " \
-           "nemo_muon.launchers.run_recipe --recipe qwen3_30b_a3b_muon parallelism.ep=4" in line
+    overrides, document = _job_document(out)
+    assert overrides[:2] == ["parallelism.ep=4", "trainer.global_batch_size=64"] and "system.num_nodes=1" in overrides
+    assert line.endswith(f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 4 -m "
+                         f"nemo_muon.launchers.run_recipe --recipe-file {document}")
     assert "NCCL_NVLS_ENABLE=0" in line  # local runs show the variables they set
 
 
@@ -176,14 +197,14 @@ def test_slurm_commands_missing_from_path_is_a_clear_error(tmp_path: Path) -> No
 
 
 def test_torch_backend_on_several_nodes_uses_one_torchrun_per_node_with_c10d(tmp_path: Path) -> None:
-    script = _script(_dry_run(tmp_path, "--recipe", "tiny_kimi_k2_muon", "--executor", "slurm", "--no-container",
-                              "--nodes", "2"))
+    out = _dry_run(tmp_path, "--recipe", "tiny_kimi_k2_muon", "--executor", "slurm", "--no-container", "--nodes", "2")
+    script = _script(out)
     lines = script.splitlines()
     assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=1" in lines
     assert "#SBATCH --cpus-per-task=2" in lines and "--gpus-per-node" not in script and "--segment" not in script
     assert (f'srun --kill-on-bad-exit=1 --ntasks-per-node=1 {sys.executable} -m torch.distributed.run --nnodes "$SLURM_NNODES" '
             '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" --rdzv-id "$SLURM_JOB_ID" --nproc-per-node 2 '
-            '-m nemo_muon.launchers.run_recipe --recipe tiny_kimi_k2_muon') in script
+            f'-m nemo_muon.launchers.run_recipe --recipe-file {_job_document(out)[1]}') in script
 
 
 def test_job_entry_dispatches_each_backend_to_its_pretrain() -> None:

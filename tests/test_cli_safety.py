@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from nemo_muon.launchers.cli import main
+from nemo_muon.recipes.resolved import from_document
 
 HOSTILE = "; rm -rf ~ $(touch pwned1) `touch pwned2` \"'\n touch pwned3 #"
 SECRET = "hf_s3cr3t-value-XYZ"
@@ -63,8 +64,10 @@ def test_hostile_env_and_override_values_arrive_verbatim_and_execute_nothing(tmp
     run = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
     seen = json.loads(shim_out.read_text())
-    assert seen["argv"] == ["--kill-on-bad-exit=1", "--mpi=pmix", sys.executable, "-m", "nemo_muon.launchers.run_recipe", "--recipe",
-                            "kimi_k2_muon", f"logging.root={work}", hostile_override]  # byte for byte
+    assert seen["argv"] == ["--kill-on-bad-exit=1", "--mpi=pmix", sys.executable, "-m", "nemo_muon.launchers.run_recipe",
+                            "--recipe-file", plan["recipe_file"]]  # the resolved document, not the override strings
+    assert plan["document"]["source"]["overrides"] == [f"logging.root={work}", hostile_override]  # byte for byte
+    assert from_document(plan["document"]).data.tokenizer_dir == HOSTILE
     assert seen["env"]["NM_HOSTILE"] == HOSTILE
     assert seen["env"]["HF_TOKEN"] == SECRET  # forwarded from the submitting environment ...
     assert SECRET not in plan["script"]  # ... and never written into the script
