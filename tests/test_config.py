@@ -19,14 +19,32 @@ from nemo_muon.config import (
 from nemo_muon.models.specs import KIMI_K2
 
 
-def test_muon_defaults_match_the_documented_contract():
-    cfg = MuonConfig()
-    assert cfg.momentum == 0.95
-    assert cfg.nesterov is True
-    assert cfg.tp_mode == "duplicated"
-    kwargs = cfg.optimizer_kwargs()
-    assert "name" not in kwargs
-    assert kwargs["momentum"] == 0.95 and kwargs["coefficients"] == "quintic"
+def test_muon_defaults_take_the_documented_steps():
+    """MuonConfig's defaults, as documented (docs/optimizers.md, ARCHITECTURE.md): weight decay 0.1, Nesterov
+    momentum 0.95, 5 quintic Newton–Schulz steps, spectral scale sqrt(max(m, n)), and AdamW(betas=(0.9, 0.95),
+    eps=1e-8) at the same lr for 1-D params. Two steps of an optimizer built from the defaults equal that rule."""
+    import torch
+
+    from nemo_muon.optim.factory import build_optimizer
+    from nemo_muon.optim.ns_iteration import newton_schulz
+
+    torch.manual_seed(0)
+    w, b = torch.nn.Parameter(torch.randn(12, 40)), torch.nn.Parameter(torch.randn(40))
+    ref_b = torch.nn.Parameter(b.detach().clone())
+    opt = build_optimizer(MuonConfig(lr=0.02), [("layer.weight", w), ("layer.bias", b)])
+    ref_opt = torch.optim.AdamW([ref_b], lr=0.02, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    want, buf = w.detach().clone(), torch.zeros(12, 40)
+    for _ in range(2):
+        g = torch.randn(12, 40)
+        w.grad, b.grad = g, torch.randn(40)
+        ref_b.grad = b.grad.clone()
+        opt.step()
+        ref_opt.step()
+        buf = buf.lerp(g, 1 - 0.95)
+        update = newton_schulz(g.lerp(buf, 0.95), steps=5, coefficients="quintic") * math.sqrt(40)
+        want = want * (1 - 0.02 * 0.1) - 0.02 * update
+        assert torch.allclose(w.detach(), want, atol=1e-6, rtol=0)
+        assert torch.allclose(b.detach(), ref_b.detach(), atol=1e-7, rtol=0)
 
 
 @pytest.mark.parametrize(
