@@ -301,16 +301,6 @@ def test_param_group_overrides_are_validated() -> None:
     assert len(opt.param_groups) == 1
 
 
-def test_weight_decay_default_is_the_configs() -> None:
-    """One weight-decay default: the optimizer class and its config agree (no second default)."""
-    from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, MuonConfig, SoapConfig
-    from nemo_muon.optim.soap import SOAP
-
-    p = torch.nn.Parameter(torch.zeros(4, 4))
-    assert Muon([("w", p)], lr=1e-3).param_groups[0]["weight_decay"] == MuonConfig().weight_decay == DEFAULT_WEIGHT_DECAY
-    assert SOAP([("w", p)], lr=1e-3).param_groups[0]["weight_decay"] == SoapConfig().weight_decay
-
-
 def test_every_shared_default_equals_the_configs() -> None:
     """Muon's and SOAP's keyword defaults are the configs' defaults, field by field (no second default)."""
     import dataclasses
