@@ -1,8 +1,14 @@
-"""Packaging: every package folder is installed, .venv is where scripts expect it (dependency ranges and the lock:
-tests/test_dependencies.py)."""
+"""Packaging: every package folder is listed, the installed distribution is the one pyproject declares (dependency
+ranges and the lock: tests/test_dependencies.py)."""
 
+import importlib
+import platform
 import tomllib
+from importlib import metadata
 from pathlib import Path
+
+import click
+from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,5 +30,28 @@ def test_every_package_folder_is_listed():
     assert found == listed, f"pyproject packages differ from package folders: missing {found - listed}, extra {listed - found}"
 
 
-def test_python_is_312_or_newer():
-    assert _pyproject()["project"]["requires-python"] == ">=3.12"
+def test_the_installed_distribution_is_what_pyproject_declares():
+    """The installed nemo-muon (``pip install -e .`` in .venv) carries pyproject's Python range and scripts, runs on
+    this interpreter, and every declared package imports from the folder package-dir maps it to."""
+    project = _pyproject()["project"]
+    dist = metadata.distribution(project["name"])
+    stale = "the installed metadata differs from pyproject.toml: run `.venv/bin/pip install -e .` again"
+    assert dist.metadata["Requires-Python"] == project["requires-python"], stale
+    assert SpecifierSet(project["requires-python"]).contains(platform.python_version()), platform.python_version()
+    scripts = {e.name: e.value for e in dist.entry_points if e.group == "console_scripts"}
+    assert scripts == project["scripts"], stale
+    for name in scripts:
+        assert isinstance(dist.entry_points.select(group="console_scripts", name=name)[name].load(), click.Command)
+    cfg = _pyproject()["tool"]["setuptools"]
+    for package in cfg["packages"]:
+        root = max((r for r in cfg["package-dir"] if package == r or package.startswith(r + ".")), key=len)
+        folder = ROOT / cfg["package-dir"][root] / Path(*package[len(root):].split(".")[1:])
+        assert Path(importlib.import_module(package).__file__) == folder / "__init__.py", package
+
+
+def test_ruff_targets_the_oldest_python_pyproject_allows():
+    """Lint rules (pyupgrade's UP) follow target-version: it must be the lowest version requires-python admits."""
+    cfg = _pyproject()
+    lowest = next(v for v in (f"3.{m}" for m in range(8, 30)) if SpecifierSet(cfg["project"]["requires-python"])
+                  .contains(v))
+    assert cfg["tool"]["ruff"]["target-version"] == "py" + lowest.replace(".", "")
