@@ -5,19 +5,20 @@ Per step: grads are reduced to their owners (even-sized owner buckets, any backe
 ``collectives="reduce_scatter"`` (what ``auto`` picks except on gloo) that is a reduce-scatter and an all-gather; with
 ``"all_reduce"`` (``auto`` on gloo) an all-reduce and one broadcast per owner. With ``overlap_param_gather`` the sharing
 runs asynchronously and each module waits for its own tensors in a forward pre-hook, so it hides in the next
-forward. Ownership comes from `nemo_muon.layerwise.plan_items` (LPT over the update FLOPs of what the inner
-optimizer runs, then bytes), computed identically on every rank. With Muon's ``ns_split_target`` the largest
-matrices are split: each member of an aligned block of DP ranks owns one slice (``pieces``), the slices are reduced
-and shared through the buckets like whole tensors, and the block's members run the matrix's Newton–Schulz together
-(Muon in ``tp_mode="distributed"`` over the block's group). See docs/layerwise.md.
+forward. With Muon's ``ns_split_target`` the largest matrices are split: each member of an aligned block of DP ranks
+owns one slice (``pieces``), the slices are reduced and shared through the buckets like whole tensors, and the
+block's members run the matrix's Newton–Schulz together (Muon in ``tp_mode="distributed"`` over the block's group).
+
+The engine coordinates its parts: `ownership` (the plan of `plan_items`: LPT over the update FLOPs of what the inner
+optimizer runs, then bytes, computed identically on every rank; buckets, owned tensors, masters), `grad_reduction`
+(grads to their owners, the global norm, clipping, the non-finite check), `owned_update` (the inner optimizers at
+the scheduled rate, the result written back and shared) and `state_format` (state dicts). See docs/layerwise.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,46 +26,19 @@ import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_range, fail
 from nemo_muon.accounting.ownership import METHODS, OwnershipPlan
-from nemo_muon.config.optimizer import NONFINITE_POLICIES, MuonConfig
-from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket, Entry, build_buckets, resolve_collectives
+from nemo_muon.config.optimizer import NONFINITE_POLICIES
+from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket
 from nemo_muon.layerwise.grad_reduction import GradientReduction
-from nemo_muon.layerwise.pieces import Piece, make_piece
-from nemo_muon.layerwise.plan_items import engine_plan, matrix_route
-from nemo_muon.layerwise.split_groups import block_groups
+from nemo_muon.layerwise.owned_update import OwnedUpdate
+from nemo_muon.layerwise.ownership import NamedParams, SplitMember, build_ownership, group_rank_world
 from nemo_muon.layerwise.state_format import load_shard_state, shard_state
 
-NamedParams = Sequence[tuple[str, torch.nn.Parameter]]
 OptimizerFactory = Callable[[NamedParams], torch.optim.Optimizer]
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def default_is_expert(name: str) -> bool:
     """Routed-expert tensors by name (Megatron ``.experts.`` / HF ``.experts.``)."""
     return ".experts." in name
-
-
-def _group_rank_world(group: dist.ProcessGroup | None, field: str) -> tuple[int, int]:
-    if group is None:
-        return 0, 1
-    rank = dist.get_rank(group)
-    if rank < 0:
-        raise ValueError(f"{field} must contain this rank (global rank {dist.get_rank()}); it does not")
-    return rank, dist.get_world_size(group)
-
-
-@dataclass(frozen=True)
-class SplitMember:
-    """This rank's part in a split matrix: every member's slice (member order), the block's group, its own key."""
-
-    pieces: list[Piece]
-    group: dist.ProcessGroup
-    key: str
-    """The bucket / master key of this rank's slice (``_piece_key``)."""
-    index: int
-
-
-def _piece_key(name: str, index: int, ways: int) -> str:
-    return f"{name}[split {index}/{ways}]"
 
 
 class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
@@ -90,7 +64,7 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         nonfinite = getattr(optimizer, "nonfinite", "skip") if nonfinite is None else nonfinite
         check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
         self.dp_group = dp_group
-        self.dp_rank, self.dp_size = _group_rank_world(dp_group, "dp_group")
+        self.dp_rank, self.dp_size = group_rank_world(dp_group, "dp_group")
         self.expert_dp_group = expert_dp_group
         self.overlap_param_gather = overlap_param_gather
         self.bucket_bytes = max(1, int(bucket_size_mb * 2**20))
@@ -105,51 +79,28 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         """Every trainable parameter by name (model order)."""
         self.comm_device = named[0][1].device  # of the scalars all-reduced in global checks (NCCL: no CPU tensors)
         super().__init__([p for _, p in named], {"lr": float(getattr(optimizer, "lr", 0.0))})  # factory: set below
-        categories: list[tuple[NamedParams, dist.ProcessGroup | None, str]] = [(named, dp_group, "dp_group")]
-        if expert_dp_group is not None:
-            experts = [(n, p) for n, p in named if is_expert(n)]
-            categories = [([(n, p) for n, p in named if not is_expert(n)], dp_group, "dp_group"),
-                          (experts, expert_dp_group, "expert_dp_group")]
-        self.plans: list[OwnershipPlan] = []
-        self.buckets: list[Bucket] = []
-        self.owned: dict[str, tuple[Bucket, int]] = {}
-        self.splits: dict[str, SplitMember] = {}
+        own = build_ownership(named, optimizer, dp_group=dp_group, expert_dp_group=expert_dp_group,
+                              is_expert=is_expert, plan_method=plan_method, collectives=collectives,
+                              bucket_bytes=self.bucket_bytes, master_weights=master_weights,
+                              check_replicas=check_replicas)
+        self.plans: list[OwnershipPlan] = own.plans
+        """The ownership plans (`nemo_muon.layerwise.ownership`): dp_group's, then expert_dp_group's."""
+        self.buckets: list[Bucket] = own.buckets
+        self.owned: dict[str, tuple[Bucket, int]] = own.owned
+        self.splits: dict[str, SplitMember] = own.splits
         """Split matrices this rank is a member of, by parameter name."""
-        for cat, group, field in categories:
-            if not cat:
-                continue
-            rank, world = _group_rank_world(group, field)
-            if check_replicas:
-                _check_replicas(cat, group, field)
-            plan = engine_plan(cat, world, optimizer, plan_method, split=field == "dp_group" and world > 1)
-            self.plans.append(plan)
-            self.collectives = resolve_collectives(collectives, group)
-            entries, owners = self._entries(list(reversed(cat)), plan, optimizer, group, rank)
-            for b in build_buckets(entries, owners, self.bucket_bytes, world, rank, group, self.collectives):
-                self.buckets.append(b)
-                for i in b.owned():
-                    self.owned[b.names[i]] = (b, i)
-        self.owned_names = [n for n in self.names if n in self.owned]
+        self.collectives = own.collectives
+        self.owned_names = own.owned_names
         """Whole parameters this rank owns (model order); its slices of split matrices are in ``split_keys``."""
-        self.split_keys = [self.splits[n].key for n in self.names if n in self.splits]
-        self.masters: dict[str, torch.nn.Parameter] = {}
-        for n in self.owned_names:
-            p = self.params_by_name[n]
-            use_master = master_weights and p.dtype in _LOW_PRECISION
-            self.masters[n] = torch.nn.Parameter(p.detach().float().clone()) if use_master else p
-        for key in self.split_keys:  # a slice is a tensor of its own (fp32 with master weights), a TP shard for Muon
-            b, i = self.owned[key]
-            p = b.params[i]
-            dtype = torch.float32 if master_weights and p.dtype in _LOW_PRECISION else p.dtype
-            master = torch.nn.Parameter(b.pieces[i].read(p.detach()).to(dtype))
-            master.tensor_model_parallel = True
-            master.partition_dim = b.pieces[i].dim
-            self.masters[key] = master
-        self.inner = self._build_inner(optimizer, [(n, self.masters[n]) for n in self.owned_names])
-        self.split_inners = self._build_split_inners(optimizer)
-        self._inner_base_lrs = [g["lr"] for g in self.inner.param_groups] if self.inner is not None else []
-        self._reference_lr = self._agreed_reference_lr(optimizer)
-        self.param_groups[0]["lr"] = self._reference_lr
+        self.split_keys = own.split_keys
+        self.masters: dict[str, torch.nn.Parameter] = own.masters
+        self.update = OwnedUpdate(optimizer, own, self.names, dp_group=dp_group, comm_device=self.comm_device)
+        """Steps the inner optimizers on the owned masters and shares the result."""
+        self.inner = self.update.inner
+        self.split_inners = self.update.split_inners
+        self.split_inner_of = self.update.split_inner_of
+        """The inner optimizer of each of this rank's slice keys (one Muon per block)."""
+        self.param_groups[0]["lr"] = self.update.reference_lr
         self.gradients = GradientReduction(
             self.buckets, self.masters, dp_group=dp_group, dp_size=self.dp_size, comm_device=self.comm_device,
             global_flats=self.collectives == "all_reduce" and expert_dp_group is None and dp_group is not None,
@@ -158,59 +109,10 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
         self._hooks = self._register_hooks(model) if overlap_param_gather else []
 
     # ------------------------------------------------------------------ construction helpers
-    def _entries(self, named: NamedParams, plan: OwnershipPlan, optimizer: Any, group: dist.ProcessGroup | None,
-                 rank: int) -> tuple[list[Entry], dict[str, int]]:
-        """Bucket entries in ``named``'s order: whole parameters, and one slice per member of each split matrix."""
-        entries: list[Entry] = []
-        owners: dict[str, int] = {}
-        groups = block_groups(plan, group, rank) if plan.splits and group is not None else {}
-        for n, p in named:
-            sp = plan.splits.get(n)
-            if sp is None:
-                entries.append((n, p, None))
-                owners[n] = plan.owners[n]
-                continue
-            route = matrix_route(n, tuple(p.shape), optimizer)
-            pieces = [make_piece(n, tuple(p.shape), route, sp.option.dim, j, sp.option.ways)
-                      for j in range(sp.option.ways)]
-            for j, (r, piece) in enumerate(zip(sp.ranks, pieces, strict=True)):
-                key = _piece_key(n, j, sp.option.ways)
-                entries.append((key, p, piece))
-                owners[key] = r
-            if rank in sp.ranks:
-                j = sp.ranks.index(rank)
-                self.splits[n] = SplitMember(pieces, groups[sp.ranks], _piece_key(n, j, sp.option.ways), j)
-        return entries, owners
-
-    def _build_split_inners(self, optimizer: Any) -> list[torch.optim.Optimizer]:
-        """One Muon per block this rank is in, over its slices: ``tp_mode="distributed"`` over the block's group."""
-        from nemo_muon.optim import build_optimizer
-
-        by_group: dict[Any, list[tuple[str, torch.nn.Parameter]]] = {}
-        for n in self.names:
-            if n in self.splits:
-                by_group.setdefault(self.splits[n].group, []).append((n, self.masters[self.splits[n].key]))
-        if by_group and not isinstance(optimizer, MuonConfig):
-            raise fail("optimizer", type(optimizer).__name__, "a MuonConfig to split matrices (ns_split_target)")
-        inners = [build_optimizer(optimizer, named, tp_group=g, tp_mode="distributed") for g, named in by_group.items()]
-        self.split_inner_of = {self.splits[n].key: inner for inner, (_, named) in zip(inners, by_group.items(),
-                                                                                        strict=True) for n, _ in named}
-        return inners
-
     @property
     def state_names(self) -> list[str]:
         """Names whose optimizer state this rank loads: its whole parameters and the split matrices it is in."""
         return [n for n in self.names if n in self.owned or n in self.splits]
-
-    @staticmethod
-    def _build_inner(optimizer: Any, named: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.Optimizer | None:
-        if not named:
-            return None
-        if callable(optimizer) and not hasattr(optimizer, "optimizer_kwargs"):
-            return optimizer(named)
-        from nemo_muon.optim import build_optimizer
-
-        return build_optimizer(optimizer, named)
 
     def _register_hooks(self, model: torch.nn.Module) -> list[Any]:
         buckets_of: dict[int, list[Bucket]] = {}
@@ -224,21 +126,6 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
                 waits = list(mine.values())
                 hooks.append(module.register_forward_pre_hook(lambda _m, _a, waits=waits: _finish(waits)))
         return hooks
-
-    def _agreed_reference_lr(self, optimizer: Any) -> float:
-        """The rate ``param_groups[0]['lr']`` starts at and the inner rates are ratios to: a config's ``lr``; for a
-        factory the largest initial group lr of the inner optimizers of all ranks (one all-reduce: a rank that
-        owns nothing has no inner optimizer to read)."""
-        if hasattr(optimizer, "optimizer_kwargs"):
-            return float(optimizer.lr)
-        local = torch.tensor(max(self._inner_base_lrs, default=-math.inf), dtype=torch.float64,
-                             device=self.comm_device)
-        if self.dp_group is not None:
-            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.dp_group)
-        agreed = float(local)
-        if not math.isfinite(agreed) or agreed <= 0:
-            raise fail("optimizer", optimizer, "a factory whose optimizer has a positive, finite lr on some rank")
-        return agreed
 
     # ------------------------------------------------------------------ the step
     def finish_param_gather(self) -> None:
@@ -280,30 +167,8 @@ class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
             for m in self.masters.values():
                 m.grad = None
             return
-        lr = self.param_groups[0]["lr"]
-        if self.inner is not None:
-            for g, base in zip(self.inner.param_groups, self._inner_base_lrs, strict=True):
-                g["lr"] = lr * (base / self._reference_lr)  # exactly lr for a group at the reference rate
-            if hasattr(self.inner, "report_nonfinite"):  # nemo_muon optimizers: we checked globally above
-                self.inner.step(skip_nonfinite_check=True)
-            else:
-                self.inner.step()
-        for inner in self.split_inners:  # a config's Muon: every group at the config's lr, the reference rate
-            for g in inner.param_groups:
-                g["lr"] = lr
-            inner.step(skip_nonfinite_check=True)
-        for name in self.owned_names:
-            b, i = self.owned[name]
-            master, p = self.masters[name], b.params[i]
-            if master is not p:
-                p.copy_(master)
-            b.view_of(i).copy_(p)
-        for key in self.split_keys:
-            b, i = self.owned[key]
-            b.pieces[i].write(b.params[i], self.masters[key])
-            b.read_into_flat(i, b.params[i])
-        for b in reversed(self.buckets):  # buckets are in backward order: share the first layers first
-            b.start_gather()
+        self.update.apply(self.param_groups[0]["lr"])
+        self.update.share()
         if not self.overlap_param_gather:
             self.finish_param_gather()
 
@@ -359,22 +224,3 @@ def _finish(buckets: Sequence[Bucket]) -> None:
     for b in buckets:
         b.finish_gather()
 
-
-def _check_replicas(named: NamedParams, group: dist.ProcessGroup | None, field: str) -> None:
-    """Raise on every rank if any parameter differs across ``group`` (fingerprints compared by all-reduce)."""
-    if group is None or dist.get_world_size(group) == 1:
-        return
-    fps = []
-    device = named[0][1].device  # NCCL all-reduces device tensors only
-    for _, p in named:
-        x = p.detach().reshape(-1).double()
-        w = torch.arange(x.numel(), dtype=torch.float64, device=x.device).remainder_(7).add_(1)
-        fps.append(torch.stack([x.sum(), (x * x).sum(), (x * w).sum()]).to(device))
-    fp = torch.stack(fps)
-    both = torch.cat([fp, -fp])
-    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-    hi, lo = both[: len(fps)], -both[len(fps):]
-    differ = [named[i][0] for i in range(len(fps)) if not torch.equal(hi[i], lo[i])]
-    if differ:
-        raise ValueError(f"parameters differ across the ranks of {field} at construction (initialize them "
-                         f"identically, e.g. same seed or a broadcast): {differ[:10]}")

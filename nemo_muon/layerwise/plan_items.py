@@ -22,6 +22,11 @@ from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.optim.routing import MATRIX, QKVLayout, Route, default_matrix_rule, route_param
 
 
+def is_factory(optimizer: Any) -> bool:
+    """True for an optimizer factory (a callable ``named_params -> Optimizer``), False for a config."""
+    return callable(optimizer) and not hasattr(optimizer, "optimizer_kwargs")
+
+
 def matrix_route(name: str, shape: tuple[int, ...], optimizer: Any) -> Route | None:
     """The route Muon / SOAP built from ``optimizer`` (a config) gives this parameter; None for AdamW or a factory."""
     if not isinstance(optimizer, (MuonConfig, SoapConfig)):
