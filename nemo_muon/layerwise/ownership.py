@@ -5,7 +5,8 @@ trainable parameter over ``dp_group``; with an ``expert_dp_group`` the dense one
 ones over ``expert_dp_group``) it checks that the replicas agree, computes the plan (`plan_items.engine_plan`),
 turns it into bucket entries (whole tensors, and one slice per member of each split matrix: ``pieces``), builds
 the buckets and records what this rank owns. Then it creates the masters: an fp32 copy of each owned low-precision
-tensor (``master_weights``; otherwise the parameter itself) and one tensor per owned slice of a split matrix.
+tensor (``master_weights``; otherwise the parameter itself) and one tensor per owned slice of a split matrix. An
+optimizer factory is built once here, over all parameters, so the plans cost what its optimizer routes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from nemo_muon.accounting.ownership import OwnershipPlan
 from nemo_muon.layerwise.buckets import Bucket, Entry, build_buckets, resolve_collectives
 from nemo_muon.layerwise.pieces import Piece, make_piece
-from nemo_muon.layerwise.plan_items import engine_plan, matrix_route
+from nemo_muon.layerwise.plan_items import engine_plan, is_factory, matrix_route
 from nemo_muon.layerwise.split_groups import block_groups
 
 NamedParams = Sequence[tuple[str, torch.nn.Parameter]]
@@ -82,6 +83,7 @@ def build_ownership(named: NamedParams, optimizer: Any, *, dp_group: dist.Proces
     if expert_dp_group is not None:
         categories = [([(n, p) for n, p in named if not is_expert(n)], dp_group, "dp_group"),
                       ([(n, p) for n, p in named if is_expert(n)], expert_dp_group, "expert_dp_group")]
+    built = optimizer(list(named)) if is_factory(optimizer) else None  # asked for its routing (plan_items)
     plans: list[OwnershipPlan] = []
     buckets: list[Bucket] = []
     owned: dict[str, tuple[Bucket, int]] = {}
@@ -93,7 +95,8 @@ def build_ownership(named: NamedParams, optimizer: Any, *, dp_group: dist.Proces
         rank, world = group_rank_world(group, field)
         if check_replicas:
             check_replicas_agree(cat, group, field)
-        plan = engine_plan(cat, world, optimizer, plan_method, split=field == "dp_group" and world > 1)
+        plan = engine_plan(cat, world, optimizer, plan_method, split=field == "dp_group" and world > 1,
+                           built=built)
         plans.append(plan)
         resolved = resolve_collectives(collectives, group)
         entries, owners = _entries(list(reversed(cat)), plan, optimizer, group, rank, splits)
