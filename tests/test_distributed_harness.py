@@ -35,3 +35,33 @@ def test_all_reduce_reaches_every_rank():
 def test_rank_failure_is_reported_with_traceback():
     with pytest.raises(RuntimeError, match="boom on rank 1"):
         run_distributed(_fail_on_rank_one, world_size=2, timeout_s=60)
+
+
+_STATE = {"runs": 0}
+"""A module-level value a rank changes: a rank forked from the preloaded server must never see an earlier rank's."""
+
+
+def _count_and_read_env(rank, world_size, group, name):
+    import os
+    import sys
+
+    _STATE["runs"] += 1
+    return {"runs": _STATE["runs"], "env": os.environ.get(name), "pid": os.getpid(),
+            "torch_preloaded": "torch" in sys.modules, "threads": torch.get_num_threads()}
+
+
+def test_preloaded_ranks_are_new_processes_with_the_callers_environment(monkeypatch):
+    """Ranks forked from the tests' preloaded server (`tests.distributed.rank_context`) start as spawned ranks
+    would: new processes (no state of an earlier run), the caller's environment at the call (not the server's at
+    its start), one thread; the same function run under plain spawn returns the same."""
+    from nemo_muon.train.spawn import spawn_ranks
+
+    first = run_distributed(_count_and_read_env, world_size=2, args=("NEMO_MUON_HARNESS_PROBE",), timeout_s=60)
+    monkeypatch.setenv("NEMO_MUON_HARNESS_PROBE", "set after the server started")
+    second = run_distributed(_count_and_read_env, world_size=2, args=("NEMO_MUON_HARNESS_PROBE",), timeout_s=60)
+    spawned = spawn_ranks(_count_and_read_env, 2, ("NEMO_MUON_HARNESS_PROBE",), timeout_s=120)
+    assert [r["runs"] for r in first + second + spawned] == [1] * 6
+    assert [r["env"] for r in first] == [None, None]
+    assert [r["env"] for r in second] == [r["env"] for r in spawned] == ["set after the server started"] * 2
+    assert len({r["pid"] for r in first + second}) == 4
+    assert all(r["threads"] == 1 for r in first + second + spawned)

@@ -2,7 +2,9 @@
 
 Each rank is a fresh spawned process with OMP_NUM_THREADS=1 (one core each on small machines); ranks meet
 through a file in a temporary folder (no port); a rank that fails or a run that exceeds ``timeout_s`` raises
-here with the rank's traceback, instead of hanging. A refusal or divergence stop (`nemo_muon.train.refusals`,
+here with the rank's traceback, instead of hanging. ``context=preloaded_context(modules)`` forks the ranks from a
+server that has imported ``modules`` once (torch, Megatron-Core: seconds per rank otherwise), with the caller's
+environment as it is at the call, as a spawned rank would have it. A refusal or divergence stop (`nemo_muon.train.refusals`,
 raised by every rank together) is re-raised here as the same error with its one-line message and no traceback.
 torchrun (`python -m nemo_muon.train.pretrain`) is the equivalent for command lines and NeMo-Run.
 """
@@ -15,6 +17,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from multiprocessing.context import BaseContext
 from typing import Any
 
 from nemo_muon.config.limits import CPU_COLLECTIVE_TIMEOUT_S
@@ -34,8 +37,26 @@ def _contains_tensor(obj: Any) -> bool:
     return False
 
 
+def preloaded_context(preload: Sequence[str]) -> BaseContext:
+    """A forkserver context whose server imports the modules ``preload`` names before it forks any rank.
+
+    The server starts at the first `spawn_ranks` call with this context and serves every later one of this
+    process; it holds the imports only (no process group, no state of a run), so a rank forked from it starts as
+    a spawned one would, without paying the imports. A module that fails to import is skipped by the server (the
+    rank imports it, and fails, itself). The preload list is the process's: set it once.
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(preload))
+    return ctx
+
+
 def _rank_main(rank: int, world: int, init_file: str, fn: Callable, args: Sequence[Any], results: Any,
-               collective_timeout_s: float) -> None:
+               collective_timeout_s: float, environ: dict[str, str]) -> None:
+    if os.environ != environ:  # a forked rank has the server's environment: take the caller's, as spawn does
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
         from datetime import timedelta
@@ -64,7 +85,8 @@ def _rank_main(rank: int, world: int, init_file: str, fn: Callable, args: Sequen
 
 
 def spawn_ranks(fn: Callable, world: int, args: Sequence[Any] = (), *, timeout_s: float = 3600.0,
-                daemon: bool = True, collective_timeout_s: float = CPU_COLLECTIVE_TIMEOUT_S) -> list[Any]:
+                daemon: bool = True, collective_timeout_s: float = CPU_COLLECTIVE_TIMEOUT_S,
+                context: BaseContext | None = None) -> list[Any]:
     """Run ``fn(rank, world, group, *args)`` (a module-level function) on ``world`` gloo ranks; results by rank.
 
     Results must be plain data (no torch tensors). Raises RuntimeError with the rank's traceback when a rank fails
@@ -72,15 +94,17 @@ def spawn_ranks(fn: Callable, world: int, args: Sequence[Any] = (), *, timeout_s
     TimeoutError when the ranks do not finish within ``timeout_s``. ``daemon=False`` lets a rank start processes
     of its own (Megatron's dist_checkpointing writer does); ranks still alive at the end are killed either way.
     A collective that waits ``collective_timeout_s`` for a stalled rank fails on the ranks still running.
+    ``context``: the multiprocessing context that starts the ranks (default: spawn; `preloaded_context`).
     """
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    ctx = context if context is not None else mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [ctx.Process(target=_rank_main, daemon=daemon,
-                             args=(r, world, init_file, fn, tuple(args), results, collective_timeout_s))
+                             args=(r, world, init_file, fn, tuple(args), results, collective_timeout_s,
+                                   dict(os.environ)))
                  for r in range(world)]
         for p in procs:
             p.start()
