@@ -3,7 +3,9 @@
 The ownership it runs is computed by the torch-free ``nemo_muon.accounting`` package (``ownership``: NS/SOAP cost,
 LPT and the round-robin / ping-pong baselines; ``model_ownership``: plans of a whole ModelSpec under PP/DP/EP).
 
-- ``optimizer``: ``LayerWiseDistributedOptimizer``; ``buckets``: its communication buckets.
+- ``optimizer``: ``LayerWiseDistributedOptimizer``, which coordinates its parts: ``plan_items`` (the plan),
+  ``ownership`` (what each rank owns and its masters), ``buckets`` (communication), ``grad_reduction``,
+  ``owned_update`` (the inner optimizers' step, shared back) and ``state_format``.
 - ``checkpoint``: DP-size-independent, atomic, verified checkpoints.
 
 Importing this package is cheap; the torch modules load on first attribute access.
