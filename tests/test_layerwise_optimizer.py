@@ -183,13 +183,17 @@ def test_matches_single_process_optimizer(world: int) -> None:
     """DP=2: bitwise equal to the single-process optimizer on the same global batch (the grads are summed in the
     same order). DP=4: gloo's reduce-scatter sums in another order, so the result is compared against the
     single-process optimizer's own spread under reordering (Muon ~4e-6, SOAP ~6e-2 on this tiny model: its
-    eigenbasis rotates inside near-degenerate eigenspaces), floor 1e-6."""
+    eigenbasis rotates inside near-degenerate eigenspaces), floor 1e-6. With clipping, at any DP size, the global
+    norm is a sum of per-rank partial sums (torch's clip_grad_norm_: a norm of per-tensor norms), so the clip
+    factor differs in its last bits and the clipped run is held to the reordering spread too (measured at DP=2:
+    Muon 1.2e-6 against a 3.2e-6 spread on this CPU, within 1e-6 on the CPU of earlier CI runs)."""
     cfgs = _configs() if world == 2 else _configs()[:2]  # AdamW at DP=2 only (budget)
     results = tensors(run_distributed(_equivalence_body, world_size=world, args=(cfgs,), timeout_s=150))
     for cfg in cfgs:
         want, _ = reference_run(cfg, world)
         want_clip, want_norms = reference_run(cfg, world, clip=0.5)
-        tol = 1e-6 if world == 2 else max(1e-6, 2 * reorder_spread(cfg, world))
+        spread_tol = max(1e-6, 2 * reorder_spread(cfg, world))
+        tol = 1e-6 if world == 2 else spread_tol
         for res in results:
             for key in ("overlap=False", "overlap=True", "reduce_scatter", "grad_hooks"):
                 got = res[f"{cfg.name}/{key}"]
@@ -197,7 +201,7 @@ def test_matches_single_process_optimizer(world: int) -> None:
                     assert all(torch.equal(got[n], want[n]) for n in want), cfg.name
                 assert max_rel_diff(got, want) <= tol, cfg.name
             got_clip, norms = res[f"{cfg.name}/clip"]
-            assert max_rel_diff(got_clip, want_clip) <= tol, cfg.name
+            assert max_rel_diff(got_clip, want_clip) <= spread_tol, cfg.name
             assert norms[0] == pytest.approx(want_norms[0], rel=1e-6)  # same params: same global norm
             # grad norms barely feel the reordering (measured at DP=4: Muon 7e-8, SOAP 6e-4 of tol 0.15), so a
             # tenth of the param tolerance; 10 x tol let SOAP's norms be off by 150%
