@@ -171,7 +171,8 @@ DELIBERATE_DIFFERENCES: tuple[DeliberateDifference, ...] = (
     DeliberateDifference(
         "ddp.check_for_nan_in_grad / rerun_state_machine.check_for_nan_in_loss", "False / False",
         "True / True", "optimizer.nonfinite='raise': a diverged run stops at the step it diverges instead of "
-                       "benchmarking NaNs (one all-reduced flag per step)"),
+                       "benchmarking NaNs (one all-reduced flag per step); with nonfinite='skip' (engine nemo_muon) "
+                       "False / False, as Bridge: the global gradient norm skips the step on every rank"),
     DeliberateDifference(
         "optimizer.muon_tp_mode", "blockwise", "duplicated",
         "updates independent of the TP size (identical at TP=1, where every GB300 recipe runs)"),

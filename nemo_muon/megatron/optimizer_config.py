@@ -222,10 +222,14 @@ def ddp_flags(opt: OptimizerConfig) -> dict[str, bool]:
     """The `DistributedDataParallelConfig` fields the optimizer decides, on every megatron path.
 
     AdamW shards its state (ZeRO-1, Megatron's distributed optimizer); Muon/SOAP own whole matrices (the layer-wise
-    optimizer, which Megatron-Core refuses beside ``use_distributed_optimizer``). The NaN check is always on: the
-    mapping accepts only ``nonfinite='raise'`` (`megatron_optimizer_spec`).
+    optimizer, which Megatron-Core refuses beside ``use_distributed_optimizer``). DDP's NaN check (each rank's local
+    gradients, before the reduction; fatal, on that rank alone) is on for ``nonfinite='raise'``, the only policy
+    Megatron's own optimizers accept (`megatron_optimizer_spec`), and off for engine 'nemo_muon' with
+    ``nonfinite='skip'``: there the global gradient norm decides on every rank (`nemo_muon.megatron.nonfinite`),
+    which the local check would pre-empt by raising on the one rank that saw the NaN.
     """
-    return {"use_distributed_optimizer": isinstance(opt, AdamWConfig), "check_for_nan_in_grad": True}
+    skip = getattr(opt, "nonfinite", "raise") == "skip" and getattr(opt, "engine", None) == BUILDER_NEMO_MUON
+    return {"use_distributed_optimizer": isinstance(opt, AdamWConfig), "check_for_nan_in_grad": not skip}
 
 
 def soap_accepts_precondition_frequency() -> bool:

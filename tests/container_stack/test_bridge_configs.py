@@ -118,3 +118,21 @@ def test_megatrons_own_muon_is_refused_naming_the_combination_and_the_fix(bridge
     text = str(err.value)
     assert "megatron-core 0.16.0" in text and "emerging-optimizers 0.3.0" in text
     assert "use_nesterov" in text and "v0.1.0" in text and "optimizer.engine=nemo_muon" in text
+
+
+@pytest.mark.parametrize("nonfinite, checks", [("raise", True), ("skip", False)])
+def test_skip_policy_turns_bridges_local_nan_checks_off_and_validates(nonfinite, checks, bridge, monkeypatch):
+    """Engine nemo_muon with ``optimizer.nonfinite='skip'`` decides on the global gradient norm on every rank; DDP's
+    local NaN check (fatal, on the one rank that saw the NaN, before the reduction) and Bridge's NaN-loss check would
+    pre-empt it, so the built ConfigContainer has both off (Bridge's own value) and still validates; 'raise' (the
+    recipes' default) keeps both on."""
+    from megatron.bridge.training.config import runtime_config_update
+    from nemo_muon.recipes.execute import build_recipe
+
+    recipe = build_recipe("qwen3_30b_a3b_muon", [f"optimizer.nonfinite={nonfinite}"])
+    monkeypatch.setenv("WORLD_SIZE", str(recipe.system.world_size))
+    with target_machine(recipe.system.gpu, TE_VERSION):
+        c = config_container(recipe)
+        runtime_config_update(c)
+    assert c.ddp.check_for_nan_in_grad is checks
+    assert c.rerun_state_machine.check_for_nan_in_loss is checks

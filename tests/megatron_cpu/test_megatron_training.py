@@ -193,14 +193,17 @@ def test_soap_inside_megatron_equals_single_process_soap_on_the_same_gradients()
         assert rank_result["per_step"][-1]["max_abs"] > rank_result["per_step"][0]["max_abs"]  # the weights moved
 
 
-@pytest.mark.parametrize("optimizer, policy", [("muon", "skip"), ("soap", "raise")])
-def test_a_nan_gradient_on_one_rank_skips_or_stops_the_step_on_every_rank(optimizer, policy):
-    """One DP rank alone puts a NaN into a gradient of a matrix it owns at step 2. The global gradient norm (all-
-    reduced by the layer-wise optimizer) is NaN on every rank, so every rank takes the same decision: 'skip' returns
-    update_successful=False with every weight, master and optimizer state untouched and training goes on in
-    lockstep; 'raise' raises on every rank before anything changes. (Megatron's own bf16 path has no skip-step.)"""
-    results = run_distributed(nonfinite_gradient_on_one_rank, world_size=2, args=("tiny_kimi_k2", optimizer, policy),
-                              timeout_s=300)
+@pytest.mark.parametrize("optimizer, policy, where", [("muon", "skip", "reduced"), ("soap", "raise", "reduced"),
+                                                      ("muon", "skip", "backward")])
+def test_a_nan_gradient_on_one_rank_skips_or_stops_the_step_on_every_rank(optimizer, policy, where):
+    """One DP rank alone makes a gradient NaN at step 2: in the reduced gradient of a matrix it owns, or in its
+    backward (its loss times NaN). The global gradient norm (all-reduced by the layer-wise optimizer) is NaN on every
+    rank, so every rank takes the same decision: 'skip' returns update_successful=False with every weight, master
+    and optimizer state untouched and training goes on in lockstep; 'raise' raises on every rank before anything
+    changes. (Megatron's own bf16 path has no skip-step.) A fault in the backward reaches DDP's NaN check first,
+    which raises on the faulty rank alone: the mapping turns that check off for 'skip' (`ddp_flags`)."""
+    results = run_distributed(nonfinite_gradient_on_one_rank, world_size=2,
+                              args=("tiny_kimi_k2", optimizer, policy, where), timeout_s=300)
     assert [r["faulty"] for r in results] == [False, True]
     for r in results:
         first, second = r["steps"][:2]

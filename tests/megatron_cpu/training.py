@@ -121,10 +121,11 @@ GLOBAL_MICRO_BATCHES = 2
 of them (batch ids ``dp_rank * that + i``), so DP=1 and DP=2 train on the same global batch."""
 
 
-def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int, micro_batches: int = 1):
+def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int, micro_batches: int = 1,
+                      loss_factor: float = 1.0):
     """Zero the grads, then ``micro_batches`` micro-batches of step ``step`` forward and backward through Megatron's
     schedule (grads accumulated, then reduced by DDP's finalize); returns the loss tensor (mean logit-level loss of
-    this rank's micro-batches)."""
+    this rank's micro-batches). ``loss_factor`` multiplies the loss (NaN: a fault in this rank's backward)."""
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -137,7 +138,7 @@ def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int,
         out = m(input_ids, position_ids, mask, labels=labels)
 
         def loss_func(output_tensor):
-            loss = output_tensor.float().mean()
+            loss = output_tensor.float().mean() * loss_factor
             return loss, {"lm loss": loss.detach().clone()}  # the schedule divides the loss in place
 
         return out, loss_func
@@ -562,11 +563,13 @@ def ownership_loads(rank: int, world_size: int, group: Any, spec_name: str, opti
 
 
 def nonfinite_gradient_on_one_rank(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str,
-                                   policy: str) -> dict[str, Any]:
+                                   policy: str, where: str = "reduced") -> dict[str, Any]:
     """Three steps of engine 'nemo_muon' with ``optimizer.nonfinite=policy``; at the second, the last DP rank alone
-    puts a NaN into the reduced gradient of a matrix it owns (what a local fault would do). Reports per step whether
-    the update succeeded (or the error raised), whether that step left every weight, master and state tensor exactly
-    as before, and whether the DP replicas agree at the end."""
+    makes a gradient NaN: ``where='reduced'`` puts it into the reduced gradient of a matrix it owns (a fault after
+    the reduction), ``'backward'`` multiplies its loss by NaN (a fault in its backward: DDP's buckets carry it into
+    the reduction, where DDP's own NaN check looks first). Reports per step whether the update succeeded (or the
+    error raised), whether that step left every weight, master and state tensor exactly as before, and whether the
+    DP replicas agree at the end."""
     import torch
 
     from tests.megatron_cpu import shims
@@ -591,8 +594,10 @@ def nonfinite_gradient_on_one_rank(rank: int, world_size: int, group: Any, spec_
         faulty = dp_rank == parallel_state.get_data_parallel_world_size() - 1
         steps: list[dict[str, Any]] = []
         for step in range(3):
-            _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size)
-            if step == 1 and faulty:
+            fault = step == 1 and faulty
+            _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size,
+                              loss_factor=float("nan") if fault and where == "backward" else 1.0)
+            if fault and where == "reduced":
                 params[owned[0]].main_grad.view(-1)[0] = float("nan")
             before = _state_tensors(ddp_model, optimizer, names)
             try:
