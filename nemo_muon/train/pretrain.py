@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_muon.recipes.execute import build_recipe, run_resolved
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("recipe", help="recipe name (nemo-muon plan --list shows them)")
+    parser.add_argument("recipe", help="recipe name (nemo-muon recipes lists them)")
     parser.add_argument("--resume", action="store_true", help="resume from the newest verified checkpoint")
     parser.add_argument("--allow-optimizer-change", action="store_true",
                         help="let the resume change optimizer hyper-parameters (= checkpoint.allow_optimizer_change)")
