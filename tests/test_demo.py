@@ -29,10 +29,11 @@ def test_demo_writes_report_and_prints_table(tmp_path, capsys):
 
 
 def test_demo_recipes_share_data_and_seed(tmp_path):
-    muon, adamw = demo_recipes("kimi_k2", steps=7, runs_root=str(tmp_path), stamp="x")
+    muon, adamw = demo_recipes("kimi_k2", steps=17, runs_root=str(tmp_path), stamp="x")
     assert (muon.optimizer.name, adamw.optimizer.name) == ("muon", "adamw")
     assert muon.trainer == adamw.trainer and muon.data == adamw.data and muon.model == adamw.model
-    assert muon.trainer.max_steps == 7 and muon.logging.run_name == "tiny_kimi_k2_muon-x"
+    assert muon.trainer.max_steps == 17 and muon.logging.run_name == "tiny_kimi_k2_muon-x"
+    assert muon.data.tokenizer_dir == str(tmp_path / "_cache")  # one tokenizer cache for both runs
     with pytest.raises(ValueError, match=r"family must be one of \('kimi_k2', 'qwen3_moe'\); got 'llama'"):
         demo_recipes("llama", steps=None, runs_root=str(tmp_path), stamp="x")
 
@@ -41,3 +42,15 @@ def test_demo_cli_rejects_bad_steps(capsys):
     with pytest.raises(SystemExit):
         main(["--steps", "0"])
     assert "--steps must be an integer >= 1; got 0" in capsys.readouterr().err
+
+
+def test_demo_steps_below_the_warmup_are_refused_before_training(capsys, tmp_path):
+    """The demo's recipes go through the one validation of a run (`build_recipe`): a --steps the schedule cannot
+    honour is a usage error naming the fields, not a run whose warmup never ends."""
+    warmup = demo_recipes("kimi_k2", steps=None, runs_root=str(tmp_path), stamp="x")[0].scheduler.warmup_steps
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--steps", str(warmup - 1), "--runs-root", str(tmp_path / "runs")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--steps {warmup - 1}: scheduler.warmup_steps must be < trainer.max_steps ({warmup - 1})" in err
+    assert not (tmp_path / "runs").exists()  # nothing trained, nothing written

@@ -60,8 +60,8 @@ EXEMPT: dict[tuple[str, str, str], str] = {
     ("nemo_muon.train.pretrain", "main", "nemo_muon.recipes.execute"):
         "`python -m nemo_muon.train.pretrain <recipe>` resolves the recipe name once and runs it through the one "
         "launch path (recipes.execute.run_resolved)",
-    ("nemo_muon.train.demo", "demo_recipes", "nemo_muon.recipes"):
-        "`python -m nemo_muon.train.demo` (make demo) resolves the tiny recipe names",
+    ("nemo_muon.train.demo", "demo_recipes", "nemo_muon.recipes.execute"):
+        "`python -m nemo_muon.train.demo` (make demo) resolves the tiny recipes once (build_recipe, check_run)",
 }
 """(module, function, imported module) -> why a lazy entry-point call may go up."""
 

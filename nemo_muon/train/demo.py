@@ -4,7 +4,8 @@ Runs the recipes ``tiny_<family>_muon`` and ``tiny_<family>_adamw`` back to back
 seed, 2 gloo ranks each), then writes ``reports/demo-<family>-<time>/`` (report.md, loss-vs-step and loss-vs-time
 PNGs) with `nemo_muon.reporting.write_report` and prints the table: final train/val loss, tokens/s, model and
 model+NS TFLOP/s, optimizer step share, and the step at which Muon reaches AdamW's final validation loss.
-Every number of the runs comes from the recipes (docs/cpu_pipeline.md); ``--steps`` is the only override.
+Every number of the runs comes from the recipes (docs/cpu_pipeline.md); ``--steps`` is the only override, and the
+recipes are resolved and checked as every entry point's are (a ``--steps`` below the warmup is refused).
 """
 
 from __future__ import annotations
@@ -21,22 +22,23 @@ DEMO_FAMILIES = ("kimi_k2", "qwen3_moe")
 
 
 def demo_recipes(family: str, *, steps: int | None, runs_root: str, stamp: str) -> list[TrainingRecipe]:
-    """The Muon and AdamW recipes of the demo, named ``<recipe>-<stamp>`` under ``runs_root``."""
-    from nemo_muon.recipes import get_recipe
+    """The Muon and AdamW recipes of the demo, named ``<recipe>-<stamp>`` under ``runs_root``: each resolved once
+    (`recipes.execute.build_recipe`: the registry, the demo's settings as overrides, the one validation of a run,
+    `check_run`), as every other entry point resolves its recipe."""
+    from nemo_muon.recipes.execute import build_recipe
 
     if family not in DEMO_FAMILIES:
         raise ValueError(f"family must be one of {DEMO_FAMILIES}; got {family!r}")
     recipes = []
     for opt in ("muon", "adamw"):
-        r = get_recipe(f"tiny_{family}_{opt}")
+        name = f"tiny_{family}_{opt}"
+        overrides = [f"logging.root={runs_root}", f"logging.run_name={name}-{stamp}"]
         if steps is not None:
-            r.trainer.max_steps = steps
-        r.logging.root = runs_root
-        r.logging.run_name = f"{r.name}-{stamp}"
-        if r.data.tokenizer_dir is None:  # one tokenizer cache for all demos, not one per run
-            r.data.tokenizer_dir = str(Path(runs_root) / "_cache")
-        r.validate()
-        recipes.append(r)
+            overrides.append(f"trainer.max_steps={steps}")
+        recipe = build_recipe(name, overrides)
+        if recipe.data.tokenizer_dir is None:  # one tokenizer cache for all demos, not one per run
+            recipe = build_recipe(name, [*overrides, f"data.tokenizer_dir={Path(runs_root) / '_cache'}"])
+        recipes.append(recipe)
     return recipes
 
 
@@ -80,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be an integer >= 1; got {args.steps}")
+    try:  # a refusal of the resolved recipes (e.g. --steps below the warmup) is a usage error, before any training
+        demo_recipes(args.family, steps=args.steps, runs_root=args.runs_root, stamp="check")
+    except ValueError as err:
+        parser.error(f"--steps {args.steps}: {err}")
     from nemo_muon.train.refusals import run_or_refuse
 
     return run_or_refuse(lambda: run_demo(args.family, steps=args.steps, runs_root=args.runs_root,
