@@ -6,6 +6,8 @@ of Megatron-Core, Bridge or NeMo:
 * `optimizer_config`: our optimizer configs -> Megatron-Core's `OptimizerConfig` (both API generations);
 * `build`: the Megatron optimizer of a config over DDP-wrapped model chunks;
 * `registration`: nemo-muon's Muon inside Megatron-Core's layer-wise distributed optimizer (engine 'nemo_muon');
+* `ownership`: on Megatron-Core 0.16, that optimizer owning the matrices by update cost (and split ownership);
+* `nonfinite`: the skip / raise decision on the global gradient norm (engine 'nemo_muon');
 * `bridge_hook`: Megatron-Bridge 0.3's optimizer setup building that engine;
 * `stack`: which installed stacks can build which optimizer;
 * `recipe_rules`: what the megatron backend refuses, checked when a recipe is built (torch-free);
@@ -18,8 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_presets", "build", "model_config", "nemo2", "optimizer_config",
-                               "recipe_rules", "registration", "stack")
+SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_presets", "build", "model_config", "nemo2", "nonfinite",
+                               "optimizer_config", "ownership", "recipe_rules", "registration", "stack")
 
 
 def __getattr__(name: str) -> Any:
