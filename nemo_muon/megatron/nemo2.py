@@ -112,15 +112,23 @@ class EmergingOptimizerModule(MegatronOptimizerModule):
     def optimizers(self, model: Any) -> list[Any]:
         """Build the Megatron-Core optimizer over the model's DDP-wrapped chunks (``[m.module for m in model]``)."""
         chunks = [m.module for m in model]
-        want = ddp_flags(self.optimizer_config)["use_distributed_optimizer"]
+        flags = ddp_flags(self.optimizer_config)
+        want = flags["use_distributed_optimizer"]
         for chunk in chunks:
-            have = getattr(getattr(chunk, "ddp_config", None), "use_distributed_optimizer", want)
+            ddp_config = getattr(chunk, "ddp_config", None)
+            have = getattr(ddp_config, "use_distributed_optimizer", want)
             if have != want:
                 raise ValueError(
                     f"trainer.strategy.ddp.use_distributed_optimizer must be {want} for optimizer "
                     f"{self.optimizer_config.name!r} ({'ZeRO-1 Adam' if want else 'whole matrices per DP rank'}); "
                     f"got {have} (NeMo's MegatronStrategy copies it from optim.config.use_distributed_optimizer="
                     f"{self.config.use_distributed_optimizer}; something changed it afterwards)")
+            if not flags["check_for_nan_in_grad"] and getattr(ddp_config, "check_for_nan_in_grad", False):
+                raise ValueError(
+                    f"trainer.strategy.ddp.check_for_nan_in_grad must be False for {self.optimizer_config.name}."
+                    "nonfinite='skip'; got True: DDP's check raises on the one rank that sees a NaN gradient, "
+                    "before the step could be skipped on every rank (set it False in the strategy's "
+                    "DistributedDataParallelConfig, or use nonfinite='raise')")
         # the layer-wise optimizer's groups come from Megatron's parallel_state, which NeMo's strategy initialized
         # (Megatron-Core 0.16's own Muon builder reads them itself)
         pg_collection = (mpu_process_groups()

@@ -88,6 +88,26 @@ def test_the_module_refuses_a_ddp_config_its_optimizer_cannot_use(name, zero1):
         module.optimizers([Chunk()])
 
 
+@pytest.mark.parametrize("nonfinite, check, refused", [("skip", True, True), ("skip", False, False),
+                                                       ("raise", True, False)])
+def test_the_module_refuses_ddps_local_nan_check_beside_the_skip_policy(nonfinite, check, refused):
+    """nonfinite='skip' decides on the global gradient norm on every rank; NeMo's DDP config with
+    check_for_nan_in_grad=True (NeMo's recipes' default) would raise on the one rank that sees a NaN first."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    class Chunk:
+        module = type("DDP", (), {"ddp_config": DistributedDataParallelConfig(check_for_nan_in_grad=check)})()
+
+    module = fdl.build(nemo2.muon_with_cosine_annealing(nonfinite=nonfinite))
+    if refused:
+        with pytest.raises(ValueError, match=r"trainer.strategy.ddp.check_for_nan_in_grad must be False for "
+                                             r"muon.nonfinite='skip'; got True"):
+            module.optimizers([Chunk()])
+    else:  # past the DDP checks, to the build, which needs the parallel state NeMo's strategy would have set up
+        with pytest.raises(RuntimeError, match="Megatron's parallel_state is not initialized"):
+            module.optimizers([Chunk()])
+
+
 def test_module_builds_the_same_optimizer_as_the_builder_on_the_megatron_harness():
     """AdamW on Megatron-Core 0.16 through the module's own optimizers(): the loss curve equals the direct build
     bit for bit (same Megatron optimizer; NeMo's wrapper around it)."""
