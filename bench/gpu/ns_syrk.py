@@ -5,7 +5,7 @@ standard (SYRK picked automatically on validated GPUs), ours Gram NS; fp32: emer
 (CUDA events, best of --reps), the speed-up over the fastest peer, the max difference of the SYRK path from the GEMM
 path, and the singular-value band of each result (first matrix). Also checks tsyrk_ex against a matmul reference.
 
-    python bench/gpu/ns_syrk.py [--reps 10] [--experts 8]
+    python bench/gpu/ns_syrk.py [--reps 10]
 """
 
 from __future__ import annotations
