@@ -42,8 +42,10 @@ def preloaded_context(preload: Sequence[str]) -> BaseContext:
 
     The server starts at the first `spawn_ranks` call with this context and serves every later one of this
     process; it holds the imports only (no process group, no state of a run), so a rank forked from it starts as
-    a spawned one would, without paying the imports. A module that fails to import is skipped by the server (the
-    rank imports it, and fails, itself). The preload list is the process's: set it once.
+    a spawned one would, without paying the imports. Each rank takes the caller's environment at the call, but a
+    preloaded module that reads the environment when imported has read the server's, at its start: preload only
+    modules whose import-time settings the caller does not change later. A module that fails to import is skipped
+    by the server (the rank imports it, and fails, itself). The preload list is the process's: set it once.
     """
     import torch.multiprocessing as mp
 
