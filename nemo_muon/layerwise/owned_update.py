@@ -100,7 +100,7 @@ def _agreed_reference_lr(optimizer: Any, base_lrs: list[float], dp_group: dist.P
     """The rate ``param_groups[0]['lr']`` starts at and the inner rates are ratios to: a config's ``lr``; for a
     factory the largest initial group lr of the inner optimizers of all ranks (one all-reduce: a rank that owns
     nothing has no inner optimizer to read)."""
-    if hasattr(optimizer, "optimizer_kwargs"):
+    if not is_factory(optimizer):
         return float(optimizer.lr)
     local = torch.tensor(max(base_lrs, default=-math.inf), dtype=torch.float64, device=comm_device)
     if dp_group is not None:

@@ -98,7 +98,7 @@ def factory_items(named: Sequence[tuple[str, torch.Tensor]], built: torch.optim.
             if route.algorithm == MATRIX and isinstance(built, SOAP):
                 cost = soap_cost(shape, group["precondition_frequency"])
             elif route.algorithm == MATRIX:
-                cost = sum(ns_cost(part, group.get("ns_steps", 5)) for part in _parts(name, shape, route))
+                cost = sum(ns_cost(part, group["ns_steps"]) for part in _parts(name, shape, route))
         elif group is not None and torch_muon is not None and isinstance(built, torch_muon):
             cost = ns_cost(shape, group["ns_steps"])
         items.append(PlanItem(name, shape, cost, p.numel() * p.element_size()))
