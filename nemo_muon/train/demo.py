@@ -45,16 +45,23 @@ def demo_recipes(family: str, *, steps: int | None, runs_root: str, stamp: str) 
 def run_demo(family: str = "kimi_k2", *, steps: int | None = None, runs_root: str = "runs",
              reports_root: str = "reports", adjust: Callable[[TrainingRecipe], None] | None = None
              ) -> dict[str, Any]:
-    """Train both runs and write the report; returns {'report': path, 'table': text, 'runs': [summaries]}.
+    """Resolve the demo's recipes (`demo_recipes`), then `train_and_report` them.
 
     ``adjust`` may change the recipes before they run (tests shrink them, or set ``data.corpus_root``).
     """
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    recipes = demo_recipes(family, steps=steps, runs_root=runs_root, stamp=stamp)
+    return train_and_report(recipes, family=family, stamp=stamp, reports_root=reports_root, adjust=adjust)
+
+
+def train_and_report(recipes: list[TrainingRecipe], *, family: str, stamp: str, reports_root: str,
+                     adjust: Callable[[TrainingRecipe], None] | None = None) -> dict[str, Any]:
+    """Train the resolved runs on local gloo ranks and write the report ``<reports_root>/demo-<family>-<stamp>``;
+    returns {'report': path, 'table': text, 'runs': [summaries]}."""
     from nemo_muon.reporting import render_table, write_report
     from nemo_muon.train.loop import run_dir_of
     from nemo_muon.train.spawn import launch_local
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    recipes = demo_recipes(family, steps=steps, runs_root=runs_root, stamp=stamp)
     summaries = []
     for r in recipes:
         if adjust is not None:
@@ -82,14 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be an integer >= 1; got {args.steps}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     try:  # a refusal of the resolved recipes (e.g. --steps below the warmup) is a usage error, before any training
-        demo_recipes(args.family, steps=args.steps, runs_root=args.runs_root, stamp="check")
+        recipes = demo_recipes(args.family, steps=args.steps, runs_root=args.runs_root, stamp=stamp)
     except ValueError as err:
-        parser.error(f"--steps {args.steps}: {err}")
+        parser.error(f"--steps {args.steps}: {err} (the demo takes --steps alone; for other overrides run the "
+                     f"recipes with nemo-muon launch --recipe tiny_{args.family}_muon key=value ...)")
     from nemo_muon.train.refusals import run_or_refuse
 
-    return run_or_refuse(lambda: run_demo(args.family, steps=args.steps, runs_root=args.runs_root,
-                                          reports_root=args.reports_root), rank=0)
+    return run_or_refuse(lambda: train_and_report(recipes, family=args.family, stamp=stamp,
+                                                  reports_root=args.reports_root), rank=0)
 
 
 if __name__ == "__main__":
