@@ -13,27 +13,38 @@ STACK_LOCK := requirements/container-stack-26.02.txt
 STACK_STAMP := $(STACK_VENV)/.installed
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
+# Both environments are installed by uv (bootstrapped into .venv with pip) from one cache in the repo, hard-linked:
+# what the two locks pin alike, above all the CUDA build of torch 2.10 and its nvidia-* libraries (about 7 GB), lies on
+# disk once, and no wheel is kept beside what it installed. CI machines have little free disk (docs/testing.md).
+# Bytecode is compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set (CI), every process (each test
+# rank) would otherwise compile torch's and Megatron's sources again at import.
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
+export UV_CACHE_DIR := $(CURDIR)/.cache/uv
+export UV_LINK_MODE := hardlink
+export UV_COMPILE_BYTECODE := 1
 
 .PHONY: demo test test-main test-stack test-unit system-deps lint venv stack-venv bench clean-venv
 
 venv: $(STAMP)
 
 # Re-install when the dependency list or the lock changes; the interpreter is found by scripts/find_python.sh (Python
-# 3.12). --no-cache-dir: the CUDA build of torch would otherwise sit twice on disk (wheel cache + venv); CI disks are small.
+# 3.12). The venv keeps its own pip (tests run `pip install --dry-run`); uv installs the lock.
 $(STAMP): pyproject.toml $(LOCK)
 	@if [ ! -x $(PY) ]; then \
 	  PYBIN=$$(scripts/find_python.sh) || exit 1; \
 	  echo "creating $(VENV) with $$PYBIN"; \
 	  "$$PYBIN" -m venv $(VENV); \
 	fi
-	$(PY) -m pip install --quiet --no-cache-dir --upgrade pip
-	$(PY) -m pip install --quiet --no-cache-dir -c $(LOCK) -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet --no-cache-dir uv==$(UV_VERSION)
+	$(UV) pip install --quiet --python $(PY) -c $(LOCK) -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
 stack-venv: $(STACK_STAMP)
 
-$(STACK_STAMP): $(STACK_LOCK) pyproject.toml scripts/container_stack_env.sh
-	scripts/container_stack_env.sh $(STACK_VENV) $(STACK_LOCK)
+# Needs .venv's uv (and reuses its cache): see UV above.
+$(STACK_STAMP): $(STACK_LOCK) pyproject.toml scripts/container_stack_env.sh $(STAMP)
+	scripts/container_stack_env.sh $(STACK_VENV) $(STACK_LOCK) $(UV)
 	@touch $(STACK_STAMP)
 
 demo: venv
@@ -65,4 +76,4 @@ bench: venv
 	$(PY) bench/ns.py
 
 clean-venv:
-	rm -rf $(VENV) $(STACK_VENV)
+	rm -rf $(VENV) $(STACK_VENV) $(UV_CACHE_DIR)

@@ -78,6 +78,8 @@ for g in "${todo[@]}"; do
   fi
   if [ -n "$(missing_of "$g")" ]; then rc=77; fi
 done
+# The downloaded .deb files are not needed once installed; CI disks are small (docs/testing.md).
+apt-get clean
 if [ "$rc" != 0 ]; then
   report_missing "apt-get did not install them"
   exit "$rc"

@@ -7,6 +7,11 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Megatron-Core wraps its fused kernels in torch.compile (megatron.core.jit.jit_fuser). On CPU, inductor generates C++,
+# builds it with gcc, and every rank process traces the functions again: with torch 2.10 that made a Megatron CPU
+# resume test 36 s instead of 11 s. The tests (and the ranks they start, which inherit this environment) run those
+# functions eagerly: the same Python code without the compiler. nemo_muon itself compiles nothing.
+os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 
 FOLDER_MARKERS: dict[str, str] = {"container_stack": "system", "megatron_cpu": "megatron"}
 """tests/<folder> -> the marker every test in it gets (markers are registered in pyproject.toml)."""

@@ -74,8 +74,10 @@ def _image_default_env() -> dict[str, str]:
 
 
 def _dockerfiles() -> list[Path]:
-    found = [p for p in ROOT.rglob("*Dockerfile*") if not any(part.startswith(".venv") or part == ".git" for part in p.parts)]
-    return sorted(p for p in found if p.is_file() and p.name != ".dockerignore")
+    """The project's Dockerfiles: tracked or new, never what git ignores (the venvs, uv's cache of unpacked wheels)."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*Dockerfile*"],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    return sorted(ROOT / p for p in listed if (ROOT / p).is_file() and Path(p).name != ".dockerignore")
 
 
 # ---------------------------------------------------------------- static checks

@@ -107,6 +107,33 @@ def test_ranges_admit_the_container_stack():
     assert bad == {}, f"container-stack versions outside pyproject's ranges (version, range): {bad}"
 
 
+def _installed_closure(root: str) -> set[str]:
+    """``root`` and every distribution it requires here, transitively (markers evaluated for this machine)."""
+    seen, todo = set(), [canonicalize_name(root)]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for line in importlib.metadata.requires(name) or ():
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(canonicalize_name(req.name))
+    return seen
+
+
+def test_both_environments_pin_the_same_torch_cuda_stack():
+    """The Makefile installs both environments hard-linked from one uv cache, so what the locks pin alike lies on disk
+    once. torch's CUDA build and what it pulls in are about 7 GB of the 9 GB both take: a different torch or nvidia-*
+    library in .venv than in the container stack would put a second one on CI's small disk (the container-stack
+    install ran out of space that way)."""
+    cpu, stack = _lock(CPU_LOCK), _lock(ROOT / CONTAINER_STACK_LOCK)
+    cuda_stack = {n for n in _installed_closure("torch") if n.startswith(("torch", "triton", "nvidia-", "cuda-"))}
+    assert {"torch", "triton", "nvidia-cudnn-cu12", "nvidia-nccl-cu12", "cuda-bindings"} <= cuda_stack
+    differ = {n: (cpu.get(n), stack.get(n)) for n in sorted(cuda_stack) if cpu.get(n) != stack.get(n)}
+    assert differ == {}, f"torch's CUDA stack (requirements/cpu-dev.txt, container stack): {differ}"
+
+
 def test_cpu_lock_pins_every_direct_dependency_inside_its_range():
     lock = _lock(CPU_LOCK)
     assert canonicalize_name("nemo-muon") not in lock, "the lock pins dependencies, not nemo-muon itself"

@@ -65,3 +65,23 @@ def test_preloaded_ranks_are_new_processes_with_the_callers_environment(monkeypa
     assert [r["env"] for r in second] == [r["env"] for r in spawned] == ["set after the server started"] * 2
     assert len({r["pid"] for r in first + second}) == 4
     assert all(r["threads"] == 1 for r in first + second + spawned)
+
+
+def _megatron_fused_kernel_runs_eagerly(rank, world_size, group):
+    from megatron.core.fusions.fused_bias_swiglu import swiglu
+
+    x = torch.randn(4, 8)
+    counts = torch._dynamo.utils.counters["stats"]
+    before = counts["calls_captured"] + counts["unique_graphs"]
+    got = swiglu(x)
+    traced = counts["calls_captured"] + counts["unique_graphs"] - before
+    a, b = x.chunk(2, dim=-1)
+    return {"traced": traced, "max_err": (got - torch.nn.functional.silu(a) * b).abs().max().item()}
+
+
+def test_ranks_run_megatrons_compiled_kernels_eagerly():
+    """tests/conftest.py sets TORCH_COMPILE_DISABLE for the test ranks: Megatron's torch.compile'd fused kernels run as
+    plain eager code there (inductor's CPU compile tripled the Megatron CPU tests' time), with the same result."""
+    out = run_distributed(_megatron_fused_kernel_runs_eagerly, world_size=2, timeout_s=120)
+    assert [r["traced"] for r in out] == [0, 0]
+    assert max(r["max_err"] for r in out) < 1e-6
