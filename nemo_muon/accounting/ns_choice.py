@@ -32,7 +32,7 @@ def choose_algorithm(m: int, n: int, device: Any = "cpu", dtype: Any = None) -> 
     """``gram`` or ``standard`` for an m×n matrix on ``device`` with NS compute dtype ``dtype``.
 
     Gram when the long side is >= GRAM_MIN_ASPECT x the short side, except bf16 on a GPU: there the m×m iteration
-    would run in bf16 with restarts (a looser band) while SYRK-based standard NS is the tuned path
+    runs in bf16 with restarts (a looser band, as on CPU) while SYRK-based standard NS is the tuned path
     (bench/gpu/ns_syrk.py measures both)."""
     short, long = min(m, n), max(m, n)
     if str(getattr(device, "type", device)) != "cpu" and dtype is not None and "float32" not in str(dtype):

@@ -12,10 +12,11 @@ Two algorithms, identical in exact arithmetic:
   computing one triangle: 1.5 m²n + 0.5 m³ per step.
 - ``gram``: iterate on the small m×m Gram matrix R = X·Xᵀ only: Z = aI + bR + cR², Q <- Z·Q, R <- Z·R·Z, and form
   Q·X once at the end (2 m²n + ~4 m³ per run of steps). It wins when n is a few times m (most LLM matrices), and
-  needs one reduction in total instead of one per step. In bf16 precision the two m×n products are bf16; the m×m
-  iteration runs in fp32 on CPU (where fp32 GEMMs are faster than bf16 ones) and in bf16 on GPU, where R drifts
-  from (Q X)(Q X)ᵀ as rounding compounds, so the program "restarts" (X <- Q·X, R <- X·Xᵀ afresh) every
-  ``BF16_RESTART_AFTER`` steps. Bands measured in tests/test_newton_schulz.py and docs/optimizers.md.
+  needs one reduction in total instead of one per step. In bf16 precision the whole program is bf16, on every
+  device: R drifts from (Q X)(Q X)ᵀ as rounding compounds, so the program "restarts" (X <- Q·X, R <- X·Xᵀ afresh)
+  every ``BF16_RESTART_AFTER`` steps. (An fp32 m×m iteration was 2x slower than the peers' bf16 NS on a CPU whose
+  bf16 GEMM is 4.5x its fp32 one: bench/results/ns.md.) Bands measured in tests/test_newton_schulz.py and
+  docs/optimizers.md.
 """
 
 from __future__ import annotations
@@ -70,16 +71,15 @@ def ns_program(
                 update = syrk(gram, gram, alpha=c, beta=b)
             x = _addmm(x, update, x, beta=a, alpha=1.0)
         return x
-    small = gram_small_dtype(compute_dtype, x.device)
-    restart_after = len(coefficients) if small == torch.float32 else BF16_RESTART_AFTER
-    r = (yield x @ x.mT).to(small)
+    restart_after = len(coefficients) if compute_dtype == torch.float32 else BF16_RESTART_AFTER
+    r = (yield x @ x.mT).to(compute_dtype)
     q: torch.Tensor | None = None
     since_restart = 0
     for k, (a, b, c) in enumerate(coefficients):
         last = k == len(coefficients) - 1
         if since_restart == restart_after and not last:
             x = q.to(compute_dtype) @ x
-            r = (yield x @ x.mT).to(small)
+            r = (yield x @ x.mT).to(compute_dtype)
             q, since_restart = None, 0
         z = _polynomial(r, a, b, c)
         q = z if q is None else z @ q
@@ -87,12 +87,6 @@ def ns_program(
             r = z @ (r @ z)
         since_restart += 1
     return q.to(compute_dtype) @ x
-
-
-def gram_small_dtype(compute_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """Dtype of Gram NS's m×m iteration: fp32 on CPU (faster than bf16 there, and exact to the fp32 band) or when
-    computing in fp32; the compute dtype otherwise (bf16 on GPU, with restarts)."""
-    return torch.float32 if compute_dtype == torch.float32 or device.type == "cpu" else compute_dtype
 
 
 SYRK_ALIGNMENT = 8
