@@ -12,11 +12,13 @@ venv=${1:?usage: container_stack_env.sh VENV_DIR LOCK_FILE UV}
 lock=${2:?usage: container_stack_env.sh VENV_DIR LOCK_FILE UV}
 uv=${3:?usage: container_stack_env.sh VENV_DIR LOCK_FILE UV}
 cd "$(dirname "$0")/.."
-if [ ! -x "$venv/bin/python" ]; then
-  py=$(scripts/find_python.sh)
-  echo "creating $venv with $py"
-  "$py" -m venv "$venv"
-fi
+# Made afresh each time (make runs this only when an input changed; from uv's cache it takes well under a minute):
+# nothing the lock no longer lists stays behind, and every file is a link into the cache, not a copy an earlier
+# installer made.
+py=$(scripts/find_python.sh)
+rm -rf "$venv"
+echo "creating $venv with $py"
+"$py" -m venv "$venv"
 # pip stays in the venv: tests/container_stack/test_install_beside_container.py asks it what it would change.
 "$venv/bin/python" -m pip install --quiet --no-cache-dir --upgrade pip
 install=("$uv" pip install --quiet --python "$venv/bin/python" --no-deps)
