@@ -72,21 +72,21 @@ def ns_program(
             x = _addmm(x, update, x, beta=a, alpha=1.0)
         return x
     restart_after = len(coefficients) if compute_dtype == torch.float32 else BF16_RESTART_AFTER
-    r = (yield x @ x.mT).to(compute_dtype)
+    r = yield x @ x.mT  # the reducers keep the dtype (they bucket by dtype)
     q: torch.Tensor | None = None
     since_restart = 0
     for k, (a, b, c) in enumerate(coefficients):
         last = k == len(coefficients) - 1
         if since_restart == restart_after and not last:
-            x = q.to(compute_dtype) @ x
-            r = (yield x @ x.mT).to(compute_dtype)
+            x = q @ x
+            r = yield x @ x.mT
             q, since_restart = None, 0
         z = _polynomial(r, a, b, c)
         q = z if q is None else z @ q
         if not last:
             r = z @ (r @ z)
         since_restart += 1
-    return q.to(compute_dtype) @ x
+    return q @ x
 
 
 SYRK_ALIGNMENT = 8
