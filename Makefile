@@ -11,8 +11,14 @@ EXTRAS := train,megatron,nemo-run,dev
 STACK_VENV := .venv-ngc
 STACK_LOCK := requirements/container-stack-26.02.txt
 STACK_STAMP := $(STACK_VENV)/.installed
+# The newest-stack test environment: NGC nemo:26.08's Python stack (Bridge 0.6, Megatron-Core 0.19, no NeMo toolkit).
+NEWEST_VENV := .venv-ngc-26.08
+NEWEST_LOCK := requirements/container-stack-26.08.txt
+NEWEST_STAMP := $(NEWEST_VENV)/.installed
+NEWEST_TESTS := tests/newest_stack
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
+# Tests of the newest stack (Bridge >= 0.4's extension point) live here and run only there.
 # Both environments are installed by uv (bootstrapped into .venv with pip) from one cache in the repo, hard-linked:
 # what the two locks pin alike, above all the CUDA build of torch 2.10 and its nvidia-* libraries (about 7 GB), lies on
 # disk once, and no wheel is kept beside what it installed. CI machines have little free disk (docs/testing.md).
@@ -24,7 +30,7 @@ export UV_CACHE_DIR := $(CURDIR)/.cache/uv
 export UV_LINK_MODE := hardlink
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: demo test test-main test-stack test-unit system-deps lint venv stack-venv bench clean-venv
+.PHONY: demo test test-main test-stack test-newest test-unit system-deps lint venv stack-venv newest-venv bench clean-venv
 
 venv: $(STAMP)
 
@@ -47,6 +53,12 @@ $(STACK_STAMP): $(STACK_LOCK) pyproject.toml scripts/container_stack_env.sh $(ST
 	scripts/container_stack_env.sh $(STACK_VENV) $(STACK_LOCK) $(UV)
 	@touch $(STACK_STAMP)
 
+newest-venv: $(NEWEST_STAMP)
+
+$(NEWEST_STAMP): $(NEWEST_LOCK) pyproject.toml scripts/container_stack_env.sh $(STAMP)
+	scripts/container_stack_env.sh $(NEWEST_VENV) $(NEWEST_LOCK) $(UV)
+	@touch $(NEWEST_STAMP)
+
 demo: venv
 	OMP_NUM_THREADS=1 $(PY) -m nemo_muon.train.demo
 
@@ -54,7 +66,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 # Every tier runs (docs/testing.md): markers select, nothing is deselected here.
-test: system-deps test-main test-stack
+test: system-deps test-main test-stack test-newest
 
 # The system tools the system tests use (Slurm, podman, ...): installed here, never inside a test. Quick when
 # present; installs with apt-get only as root; otherwise (or when apt-get fails) it names what is missing and goes
@@ -63,17 +75,20 @@ system-deps:
 	@scripts/system_deps.sh || echo "system-deps: not all installed (see above); continuing"
 
 test-main: venv lint system-deps
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests --ignore=$(STACK_TESTS)
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests --ignore=$(STACK_TESTS) --ignore=$(NEWEST_TESTS)
 
 # The developers' quick tier: .venv's tests without the system and slow ones (installs nothing system-wide).
 test-unit: venv
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests --ignore=$(STACK_TESTS) -m "not system and not slow"
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests --ignore=$(STACK_TESTS) --ignore=$(NEWEST_TESTS) -m "not system and not slow"
 
 test-stack: stack-venv
 	OMP_NUM_THREADS=1 $(STACK_VENV)/bin/python -m pytest $(STACK_TESTS) tests/megatron_cpu
+
+test-newest: newest-venv
+	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS)
 
 bench: venv
 	$(PY) bench/ns.py
 
 clean-venv:
-	rm -rf $(VENV) $(STACK_VENV) $(UV_CACHE_DIR)
+	rm -rf $(VENV) $(STACK_VENV) $(NEWEST_VENV) $(UV_CACHE_DIR)

@@ -85,6 +85,28 @@ def version_matches(expected: str, installed: str) -> bool:
     return have[: len(want)] == want
 
 
+BRIDGE_HOOK = "setup_optimizer hook (Bridge 0.3)"
+BRIDGE_PROVIDE = "OptimizerConfig.provide() (Bridge >= 0.4)"
+MCORE_ASSEMBLY = "layer-wise assembly (Megatron-Core 0.16, 0.17)"
+MCORE_REGISTRY = "emerging-optimizer registry (Megatron-Core >= 0.18)"
+
+
+def bridge_integration(bridge_version: str) -> str:
+    """`BRIDGE_HOOK` or `BRIDGE_PROVIDE`: how engine 'nemo_muon' enters Megatron-Bridge ``bridge_version``."""
+    numbers = release_numbers(bridge_version)[:2]
+    if numbers < (0, 3):
+        raise fail("megatron-bridge", bridge_version, "0.3 or newer (NGC 26.02 onwards)")
+    return BRIDGE_HOOK if numbers == (0, 3) else BRIDGE_PROVIDE
+
+
+def mcore_integration(mcore_version: str) -> str:
+    """`MCORE_ASSEMBLY` or `MCORE_REGISTRY`: how engine 'nemo_muon' enters Megatron-Core ``mcore_version``."""
+    numbers = release_numbers(mcore_version)[:2]
+    if numbers < (0, 16):
+        raise fail("megatron-core", mcore_version, "0.16 or newer (the first with Muon)")
+    return MCORE_ASSEMBLY if numbers < (0, 18) else MCORE_REGISTRY
+
+
 @dataclass(frozen=True, kw_only=True)
 class ContainerRelease:
     """The software stack of one ``nvcr.io/nvidia/nemo`` release and what nemo-muon adds on top of it."""
@@ -95,10 +117,11 @@ class ContainerRelease:
     megatron_core: str
     transformer_engine: str
     nemo_run: str
-    nemo: str | None  # NeMo toolkit (the `nemo llm` collection); None where the release notes list none
+    nemo: str | None  # NeMo toolkit (the `nemo llm` collection); None: not in the container (26.04 onwards)
     pytorch: str | None
     cuda: str | None
     python: str | None
+    emerging_optimizers: str | None = None  # what the container ships (Bridge's uv.lock); None = not documented
     extra_requirements: tuple[str, ...] = ()  # installed --no-deps only where the base lacks them
     source: str = "Megatron-Bridge docs/releases/software-versions.md"
     notes: str = ""
@@ -108,7 +131,7 @@ class ContainerRelease:
             raise fail("ContainerRelease.tag", self.tag, "a container tag 'YY.MM' or 'YY.MM.NN'")
         if not self.base_image.endswith(":" + self.tag):
             raise fail("ContainerRelease.base_image", self.base_image, f"an image reference ending in ':{self.tag}'")
-        optional = ("nemo", "pytorch", "cuda", "python")
+        optional = ("nemo", "pytorch", "cuda", "python", "emerging_optimizers")
         for name in ("megatron_bridge", "megatron_core", "transformer_engine", "nemo_run", *optional):
             value = getattr(self, name)
             if value is None and name in optional:
@@ -119,6 +142,16 @@ class ContainerRelease:
             dist, _ = parse_pin(req)
             if dist in BASE_OWNED_DISTRIBUTIONS:
                 raise fail("ContainerRelease.extra_requirements", req, f"a package the base lacks, not one of {BASE_OWNED_DISTRIBUTIONS}")
+
+    @property
+    def bridge_integration(self) -> str:
+        """How engine 'nemo_muon' enters this release's Bridge: `BRIDGE_HOOK` (0.3) or `BRIDGE_PROVIDE` (>= 0.4)."""
+        return bridge_integration(self.megatron_bridge)
+
+    @property
+    def mcore_integration(self) -> str:
+        """How it enters this release's Megatron-Core: `MCORE_ASSEMBLY` (0.16, 0.17) or `MCORE_REGISTRY` (>= 0.18)."""
+        return mcore_integration(self.megatron_core)
 
     def expected_distributions(self) -> dict[str, str]:
         """Distribution name -> documented version for every pip-visible component (undocumented ones left out)."""
@@ -140,10 +173,13 @@ class ContainerRelease:
         """Plain dict (JSON-ready) of every field."""
         d = dataclasses.asdict(self)
         d["extra_requirements"] = list(self.extra_requirements)
+        d["bridge_integration"] = self.bridge_integration
+        d["mcore_integration"] = self.mcore_integration
         return d
 
 
 _NGC = "nvcr.io/nvidia/nemo"
+_SOFTWARE_VERSIONS_026 = "Megatron-Bridge docs/releases/software-versions.md"
 
 _RELEASE_26_02 = ContainerRelease(
     tag="26.02",
@@ -156,9 +192,14 @@ _RELEASE_26_02 = ContainerRelease(
     pytorch="2.10",
     cuda="13.0",
     python="3.12",
+    emerging_optimizers="0.1.0",
     extra_requirements=_EXTRAS_026,
+    source=f"{_SOFTWARE_VERSIONS_026} (26.02 row); emerging-optimizers: Bridge's uv.lock at v0.3.0",
     notes="The stack of NVIDIA's Muon announcement. DeepEP is not supported in this container (known issue).",
 )
+
+_SOFTWARE_VERSIONS = "Megatron-Bridge docs/releases/software-versions.md"
+_BRIDGE_LOCK = "Bridge's uv.lock at the release tag"
 
 CONTAINER_RELEASES: dict[str, ContainerRelease] = {
     r.tag: r
@@ -178,31 +219,55 @@ CONTAINER_RELEASES: dict[str, ContainerRelease] = {
             tag="26.04",
             base_image=f"{_NGC}:26.04",
             megatron_bridge="0.4.0",
-            megatron_core="0.17",
+            megatron_core="0.17.0",
             transformer_engine="2.14",
             nemo=None,
             nemo_run="0.9.0",
-            pytorch=None,
-            cuda=None,
-            python=None,
+            pytorch="2.11",
+            cuda="13.1.1",
+            python="3.12",
+            emerging_optimizers="0.1.0",
             extra_requirements=_EXTRAS_026,
-            notes="NeMo toolkit, PyTorch, CUDA and Python versions are not documented for this release.",
+            source=f"{_SOFTWARE_VERSIONS} (26.04 row); emerging-optimizers: {_BRIDGE_LOCK} v0.4.0; no NeMo toolkit: "
+            "docker/Dockerfile.fw_final and docker/common/fw_pyproject.toml install none (research H 1.5)",
+            notes="First release without the NeMo toolkit (no `nemo llm` unless nemo-muon provides it). Bridge 0.4 "
+            "adds OptimizerConfig.provide(); Megatron-Core 0.17 still builds Muon with the 0.16 layer-wise assembly.",
         ),
         ContainerRelease(
             tag="26.06",
             base_image=f"{_NGC}:26.06",
             megatron_bridge="0.5.0",
-            megatron_core="0.18",
+            megatron_core="0.18.0",
             transformer_engine="2.16",
+            nemo=None,
+            nemo_run="0.10.0",
+            pytorch="2.12",
+            cuda="13.2.1",
+            python="3.12",
+            emerging_optimizers="0.2.0",
+            extra_requirements=_EXTRAS_026,
+            source=f"{_SOFTWARE_VERSIONS} (26.06 row); emerging-optimizers: {_BRIDGE_LOCK} v0.5.0",
+            notes="Megatron-Core >= 0.18 has the emerging-optimizer registry (optimizer/emerging_optimizers.py) and "
+            "renames muon_use_nesterov to muon_nesterov.",
+        ),
+        ContainerRelease(
+            tag="26.08",
+            base_image=f"{_NGC}:26.08",
+            megatron_bridge="0.6.0",
+            megatron_core="0.19.0",
+            transformer_engine="2.17.1",
             nemo=None,
             nemo_run="0.10.0",
             pytorch=None,
             cuda=None,
-            python=None,
+            python="3.12",
+            emerging_optimizers="0.2.0",
             extra_requirements=_EXTRAS_026,
-            notes="Newest documented release. Its notes list no NeMo toolkit, so `nemo llm` (NeMo 2.7's collection) "
-            "may be absent: use `nemo-muon launch` or the Bridge scripts. Megatron-Core >= 0.18 moved Muon to "
-            "optimizer/emerging_optimizers.py (OptimizerConfig(optimizer='muon', use_layer_wise_distributed_optimizer=True)).",
+            source="Megatron-Bridge GitHub release v0.6.0 ('NeMo Framework 26.08'); Megatron-Core: the v0.6.0 "
+            f"submodule's package_info (0.19.0); TE, NeMo-Run, emerging-optimizers: {_BRIDGE_LOCK} v0.6.0 (research "
+            "H 1.5; software-versions.md has no 26.08 row yet)",
+            notes="Newest release. Base image NGC PyTorch 26.06 (PyTorch and CUDA versions not documented). The GB300 "
+            "perf configs ship in the wheel as megatron.bridge.perf_recipes.",
         ),
     )
 }
@@ -279,10 +344,11 @@ def releases_markdown_table() -> str:
     lines = ["| " + " | ".join(h for h, _ in cols) + " | added if missing |",
              "|" + "---|" * (len(cols) + 1)]
     for rel in CONTAINER_RELEASES.values():
-        cells = [getattr(rel, f) or "n/d" for _, f in cols]
+        cells = [getattr(rel, f) or ("none" if f == "nemo" else "n/d") for _, f in cols]
         cells[0] = f"`{rel.tag}`" + (" (default)" if rel.tag == DEFAULT_RELEASE else "")
         lines.append("| " + " | ".join(cells) + " | " + ", ".join(rel.extra_requirements) + " |")
-    return "\n".join(lines) + "\n\nn/d: not documented in the release notes (never guessed).\n"
+    return "\n".join(lines) + ("\n\nn/d: not documented in the release notes (never guessed). NeMo none: the release "
+                                "installs no NeMo toolkit.\n")
 
 
 def _main(argv: Sequence[str]) -> int:

@@ -13,7 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # functions eagerly: the same Python code without the compiler. nemo_muon itself compiles nothing.
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 
-FOLDER_MARKERS: dict[str, str] = {"container_stack": "system", "megatron_cpu": "megatron"}
+FOLDER_MARKERS: dict[str, str] = {"container_stack": "system", "newest_stack": "system", "megatron_cpu": "megatron"}
 """tests/<folder> -> the marker every test in it gets (markers are registered in pyproject.toml)."""
 _TESTS = Path(__file__).resolve().parent
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-NEVER_SKIP_DIRS: tuple[str, ...] = ("tests/container_stack", "tests/megatron_cpu")
+NEVER_SKIP_DIRS: tuple[str, ...] = ("tests/container_stack", "tests/megatron_cpu", "tests/newest_stack")
 """Folders (relative to the rootdir) whose tests must run whenever they are collected."""
 PLUGIN_NAME = "nemo_muon_never_skip"
 

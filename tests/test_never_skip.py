@@ -40,7 +40,7 @@ def test_skips_under_the_guarded_folders_fail_the_session_naming_each(pytester: 
         "*skipped where nothing may skip*",
         "tests/container_stack/test_module.py was skipped (Skipped: no bridge)*",  # at collection, so first
         "tests/megatron_cpu/test_in_body.py::test_a was skipped (Skipped: no gloo here): tests under "
-        "tests/container_stack, tests/megatron_cpu never skip*",
+        "tests/container_stack, tests/megatron_cpu, tests/newest_stack never skip*",
         "tests/megatron_cpu/test_marked.py::test_b was skipped (Skipped: later)*",
     ])
 
@@ -72,6 +72,6 @@ def test_the_shared_conftest_registers_the_guard_for_both_folders(request: pytes
     guard = request.config.pluginmanager.get_plugin(PLUGIN_NAME)
     assert isinstance(guard, NeverSkip)
     assert guard.dirs == tuple(request.config.rootpath.resolve() / d for d in NEVER_SKIP_DIRS)
-    assert NEVER_SKIP_DIRS == ("tests/container_stack", "tests/megatron_cpu")
+    assert NEVER_SKIP_DIRS == ("tests/container_stack", "tests/megatron_cpu", "tests/newest_stack")
     assert guard.guarded("tests/megatron_cpu/test_shims.py::test_x")
     assert not guard.guarded("tests/test_slurm_e2e.py::test_y")

@@ -8,7 +8,8 @@ of Megatron-Core, Bridge or NeMo:
 * `registration`: nemo-muon's Muon inside Megatron-Core's layer-wise distributed optimizer (engine 'nemo_muon');
 * `ownership`: on Megatron-Core 0.16, that optimizer owning the matrices by update cost (and split ownership);
 * `nonfinite`: the skip / raise decision on the global gradient norm (engine 'nemo_muon');
-* `bridge_hook`: Megatron-Bridge 0.3's optimizer setup building that engine;
+* `bridge_provider`: that engine in Megatron-Bridge >= 0.4, through ``OptimizerConfig.provide()`` (imports Bridge);
+* `bridge_hook`: that engine in Megatron-Bridge 0.3 (NGC 26.02), by rebinding one name of its optimizer setup;
 * `stack`: which installed stacks can build which optimizer;
 * `recipe_rules`: what the megatron backend refuses, checked when a recipe is built (torch-free);
 * `model_config`, `bridge`: Megatron-Bridge configs of the recipes; `bridge_presets`: Bridge's perf layouts as data;
@@ -20,8 +21,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_presets", "build", "model_config", "nemo2", "nonfinite",
-                               "optimizer_config", "ownership", "recipe_rules", "registration", "stack")
+SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_presets", "bridge_provider", "build", "model_config",
+                               "nemo2", "nonfinite", "optimizer_config", "ownership", "recipe_rules", "registration",
+                               "stack")
 
 
 def __getattr__(name: str) -> Any:

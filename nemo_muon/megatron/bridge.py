@@ -22,14 +22,22 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_muon.config.optimizer import AdamWConfig
+from nemo_muon.config.optimizer import AdamWConfig, OptimizerConfig
 from nemo_muon.config.recipe import ParallelismConfig, TrainingRecipe
 from nemo_muon.megatron.bridge_presets import BRIDGE_PERF_LAYOUTS
-from nemo_muon.megatron.optimizer_config import MegatronOptimizerSpec, ddp_flags, megatron_optimizer_spec
+from nemo_muon.megatron.optimizer_config import (
+    ENGINE_NEMO_MUON,
+    MegatronOptimizerSpec,
+    ddp_flags,
+    megatron_optimizer_spec,
+)
+from nemo_muon.megatron.stack import optimizer_engine
+from nemo_muon.versions import BRIDGE_HOOK, BRIDGE_PROVIDE, bridge_integration
 
 BRIDGE_VERSION = "0.3.0"
 BRIDGE_BASE_RECIPES: dict[str, str] = {
@@ -330,7 +338,6 @@ def build_config_container(recipe: TrainingRecipe) -> Any:
 def config_container(recipe: TrainingRecipe) -> Any:
     """The `ConfigContainer` alone, without asking whether the installed optimizer stack can build the optimizer it
     names (`build_config_container` asks first; this is what it builds, and what the config tests validate)."""
-    from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
     from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 
     recipe.validate()
@@ -338,9 +345,7 @@ def config_container(recipe: TrainingRecipe) -> Any:
     kwargs = bridge_recipe_kwargs(recipe)
     kwargs["precision_config"] = get_mixed_precision_config(kwargs["precision_config"])
     container = getattr(importlib.import_module(module_name), fn_name)(**kwargs)
-    spec = bridge_optimizer_spec(recipe)
-    container.optimizer = BridgeOptimizerConfig(**spec.kwargs)
-    container.optimizer.optimizer = spec.bridge_optimizer  # Bridge 0.3.0 dispatches Muon on this name
+    container.optimizer = bridge_optimizer_config(recipe.optimizer, bridge_optimizer_spec(recipe))
     knobs = BRIDGE_PERF_LAYOUTS.get((recipe.model.name, recipe.system.gpu))
     overrides = bridge_field_overrides(recipe, bridge_knobs=knobs)
     if container.comm_overlap is None and "comm_overlap" in overrides:  # Qwen's library recipe leaves it None
@@ -351,6 +356,29 @@ def config_container(recipe: TrainingRecipe) -> Any:
     return container
 
 
+def installed_bridge_integration() -> str:
+    """How engine 'nemo_muon' enters the installed Megatron-Bridge (`nemo_muon.versions.bridge_integration`)."""
+    return bridge_integration(importlib.metadata.version("megatron-bridge"))
+
+
+def bridge_optimizer_config(opt: OptimizerConfig, spec: MegatronOptimizerSpec) -> Any:
+    """``ConfigContainer.optimizer`` for ``opt`` (mapped to ``spec``) on the installed Bridge.
+
+    Engine 'nemo_muon' on Bridge >= 0.4: an `EngineOptimizerConfig`, whose ``provide()`` Bridge's setup_optimizer
+    calls. Otherwise Bridge's own `OptimizerConfig`, with the name Bridge dispatches on (on Bridge 0.3 engine
+    'nemo_muon' is then built by the hook `pretrain` installs, `nemo_muon.megatron.bridge_hook`).
+    """
+    if optimizer_engine(opt) == ENGINE_NEMO_MUON and installed_bridge_integration() == BRIDGE_PROVIDE:
+        from nemo_muon.megatron.bridge_provider import engine_optimizer_config
+
+        return engine_optimizer_config(opt, spec.kwargs)
+    from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
+
+    config = BridgeOptimizerConfig(**spec.kwargs)
+    config.optimizer = spec.bridge_optimizer  # Bridge dispatches Megatron's Muon / SOAP on this name
+    return config
+
+
 def pretrain(recipe: TrainingRecipe) -> None:
     """Train ``recipe`` with Megatron-Bridge (NeMo container; one process per GPU, launched by the executor).
 
@@ -358,10 +386,10 @@ def pretrain(recipe: TrainingRecipe) -> None:
     for name, value in recipe.env.items():
         os.environ.setdefault(name, value)
     container = build_config_container(recipe)
-    if getattr(recipe.optimizer, "engine", None) == "nemo_muon":
+    if optimizer_engine(recipe.optimizer) == ENGINE_NEMO_MUON and installed_bridge_integration() == BRIDGE_HOOK:
         from nemo_muon.megatron import bridge_hook
 
-        bridge_hook.install(recipe.optimizer)  # Bridge's setup_optimizer then builds ours inside its layer-wise optimizer
+        bridge_hook.install(recipe.optimizer)  # Bridge 0.3's setup_optimizer then builds ours (no provide() there)
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain as bridge_pretrain
 

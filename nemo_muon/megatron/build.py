@@ -8,6 +8,7 @@ builder is the one that API generation provides.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from nemo_muon.config.optimizer import OptimizerConfig
@@ -15,6 +16,7 @@ from nemo_muon.megatron.optimizer_config import (
     API_016,
     BUILDER_NEMO_MUON,
     MegatronOptimizerSpec,
+    api_for_fields,
     ddp_flags,
     to_megatron_optimizer_config,
 )
@@ -45,6 +47,24 @@ def mpu_process_groups() -> Any:
     return pgs
 
 
+def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
+                 config_overrides: Any = None) -> Any:
+    """Engine 'nemo_muon' (our Muon / SOAP inside Megatron's layer-wise optimizer) on the installed Megatron-Core:
+    the layer-wise assembly on 0.16 / 0.17, the emerging-optimizer registry on >= 0.18 (chosen by ``config``'s
+    fields). ``config``: a Megatron `OptimizerConfig` our mapping wrote from ``opt``; ``config_overrides``: Megatron's
+    per-parameter overrides (Bridge's weight-decay rules)."""
+    from nemo_muon.megatron import registration
+
+    check_installed_stack(opt.name, optimizer_engine(opt))
+    if pg_collection is None:
+        raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
+                         "optimizer; got None")
+    if api_for_fields({f.name for f in dataclasses.fields(config)}) == API_016:
+        return registration.build_layer_wise_016(config, model_chunks, pg_collection, config_overrides, ours=opt)
+    return registration.build_layer_wise_018(config, model_chunks, pg_collection, ours=opt,
+                                             config_overrides=config_overrides)
+
+
 def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: MegatronOptimizerSpec,
                                model_chunks: list[Any], *, pg_collection: Any = None) -> Any:
     """The Megatron optimizer of ``config`` (an `OptimizerConfig` from `to_megatron_optimizer_config`, possibly
@@ -55,14 +75,7 @@ def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: Megatron
     """
     check_installed_stack(opt.name, optimizer_engine(opt))
     if spec.builder == BUILDER_NEMO_MUON:
-        from nemo_muon.megatron import registration
-
-        if pg_collection is None:
-            raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
-                             "optimizer; got None")
-        if spec.api == API_016:
-            return registration.build_layer_wise_016(config, model_chunks, pg_collection, ours=opt)
-        return registration.build_layer_wise_018(config, model_chunks, pg_collection, ours=opt)
+        return build_engine(opt, config, model_chunks, pg_collection)
     if spec.api == API_016 and spec.builder == "get_megatron_muon_optimizer":
         from megatron.core.optimizer.muon import get_megatron_muon_optimizer
 

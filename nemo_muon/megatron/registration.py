@@ -302,9 +302,10 @@ def _init_adam_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
 
 
 def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: Any,
-                         ours: OptimizerConfig | None = None) -> Any:
+                         ours: OptimizerConfig | None = None, config_overrides: Any = None) -> Any:
     """Megatron-Core >= 0.18: Megatron's own builder with ``optimizer="nemo_muon"`` / ``"nemo_soap"`` (registered
-    here; the kwargs come from the Megatron config's muon_* / soap_* fields)."""
+    here; the kwargs come from the Megatron config's muon_* / soap_* fields). ``config_overrides``: Megatron's
+    per-parameter overrides (Bridge's weight-decay rules), passed to Megatron's builder."""
     from megatron.core.optimizer import get_megatron_optimizer
 
     if getattr(ours, "ns_split_target", None) is not None:
@@ -313,8 +314,8 @@ def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: An
     register_with_megatron()
     config = copy.copy(config)
     config.optimizer = REGISTERED_SOAP_NAME if isinstance(ours, SoapConfig) else REGISTERED_NAME
-    optimizer = get_megatron_optimizer(config, model_chunks, pg_collection=pg_collection,
-                                       use_gloo_process_groups=False)
+    optimizer = get_megatron_optimizer(config, model_chunks, config_overrides=config_overrides,
+                                       pg_collection=pg_collection, use_gloo_process_groups=False)
     if not rekey_after_wrapping(optimizer):
         raise RuntimeError(f"Megatron-Core built none of our optimizers for optimizer={config.optimizer!r}")
     return apply_nonfinite_policy(optimizer, nonfinite_policy(ours))

@@ -737,9 +737,12 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
 
 
 def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any, spec_name: str,
-                                         steps: int, optimizer_name: str = "muon") -> dict[str, Any]:
-    """Megatron-Bridge 0.3's own ``setup_optimizer`` (what Bridge's ``setup()`` calls) with the nemo_muon engine hook
-    installed, on the tiny model: the optimizer and scheduler Bridge builds, stepped like Bridge's train_step does."""
+                                         steps: int, optimizer_name: str = "muon",
+                                         engine: str = "nemo_muon") -> dict[str, Any]:
+    """Megatron-Bridge's own ``setup_optimizer`` (what Bridge's ``setup()`` calls) on the optimizer config the product
+    gives Bridge (`nemo_muon.megatron.bridge.bridge_optimizer_config`; on Bridge 0.3 with the engine hook installed,
+    as `pretrain` does), on the tiny model: the optimizer and scheduler Bridge builds, stepped like Bridge's
+    train_step does."""
     import torch
 
     from tests.megatron_cpu import shims
@@ -748,25 +751,27 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
     shims.install()
     bridge_imports_without_te()
     import torch.distributed as dist
-    from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
     from megatron.bridge.training.config import SchedulerConfig
     from megatron.bridge.training.optim import setup_optimizer
     from megatron.core import parallel_state
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
     from nemo_muon.megatron import bridge_hook
+    from nemo_muon.megatron.bridge import bridge_optimizer_config, installed_bridge_integration
     from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
+    from nemo_muon.versions import BRIDGE_HOOK
 
     parallel_state.initialize_model_parallel()
     try:
-        model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name)
+        model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name, engine)
         _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0)
-        bridge_hook.install(opt)
+        if engine == "nemo_muon" and installed_bridge_integration() == BRIDGE_HOOK:
+            bridge_hook.install(opt)
         scheduler_config = SchedulerConfig(lr_decay_style="constant", start_weight_decay=0.0, end_weight_decay=0.0,
                                            weight_decay_incr_style="constant")
         scheduler_config.lr_warmup_steps, scheduler_config.lr_decay_steps = 0, steps
         scheduler_config.wd_incr_steps = steps
-        optimizer_config = BridgeOptimizerConfig(**mapping.kwargs)
+        optimizer_config = bridge_optimizer_config(opt, mapping)
         optimizer_config.finalize()  # what ConfigContainer.validate() does before setup()
         optimizer, scheduler = setup_optimizer(optimizer_config, scheduler_config, [ddp_model],
                                                use_gloo_process_groups=False)
@@ -787,6 +792,7 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
         replicas = [torch.zeros_like(flat) for _ in range(world_size)]
         dist.all_gather(replicas, flat, group=group)
         return {"losses": losses, "optimizers": _optimizer_classes(optimizer), "hook_installed": bridge_hook.installed(),
+                "config_class": type(optimizer_config).__name__, "provides": hasattr(optimizer_config, "provide"),
                 "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas)}
     finally:
         parallel_state.destroy_model_parallel()

@@ -1,0 +1,50 @@
+"""Engine 'nemo_muon' in Megatron-Bridge >= 0.4 (NGC 26.04 onwards), through Bridge's own extension point.
+
+Bridge's ``setup_optimizer`` asks the optimizer config first: ``if hasattr(optimizer_config, "provide"):
+optimizer_config.provide(model_chunks=, config_overrides=, use_gloo_process_groups=, pg_collection=)`` (Bridge PR
+#2132, in every release from 0.4.0). `EngineOptimizerConfig` is Bridge's `OptimizerConfig` (every Megatron field,
+as our mapping writes them) plus the recipe's own optimizer config, and its ``provide`` builds nemo-muon's Muon / SOAP
+inside Megatron-Core's layer-wise distributed optimizer on whichever Megatron-Core generation is installed
+(`nemo_muon.megatron.build.build_engine`). Nothing of Bridge is patched. This module imports Bridge: load it only where
+Bridge is installed (`nemo_muon.megatron.bridge.engine_optimizer_config` does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
+
+from nemo_muon.config.optimizer import MuonConfig, SoapConfig
+
+
+@dataclass
+class EngineOptimizerConfig(BridgeOptimizerConfig):
+    """Bridge's `OptimizerConfig` whose ``provide`` builds engine 'nemo_muon' (``engine_config``: the recipe's
+    `MuonConfig` / `SoapConfig`, validated when it was made)."""
+
+    engine_config: MuonConfig | SoapConfig | None = None
+
+    def provide(self, model_chunks: Any, config_overrides: Any = None, use_gloo_process_groups: bool = False,
+                pg_collection: Any = None) -> Any:
+        """The optimizer Bridge's setup_optimizer asks for: ours inside Megatron's layer-wise optimizer."""
+        from nemo_muon.megatron.build import build_engine, mpu_process_groups
+
+        if not isinstance(self.engine_config, MuonConfig | SoapConfig):
+            raise ValueError(f"EngineOptimizerConfig.engine_config must be a MuonConfig or SoapConfig; got "
+                             f"{type(self.engine_config).__name__}")
+        if pg_collection is None:  # Bridge passes none unless dist.use_decentralized_pg; Megatron's groups are set up
+            pg_collection = mpu_process_groups()
+        chunks = model_chunks if isinstance(model_chunks, list) else [model_chunks]
+        return build_engine(self.engine_config, self, chunks, pg_collection, config_overrides=config_overrides)
+
+
+def engine_optimizer_config(ours: MuonConfig | SoapConfig, megatron_kwargs: dict[str, Any]) -> EngineOptimizerConfig:
+    """`EngineOptimizerConfig` with the Megatron fields ``megatron_kwargs`` (our mapping's) and ``ours``."""
+    fields = {f.name for f in dataclasses.fields(EngineOptimizerConfig)}
+    unknown = sorted(set(megatron_kwargs) - fields)
+    if unknown:
+        raise ValueError(f"Megatron-Bridge's OptimizerConfig has no field(s) {unknown} (installed Bridge)")
+    return EngineOptimizerConfig(**megatron_kwargs, engine_config=ours)

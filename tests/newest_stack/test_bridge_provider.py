@@ -1,0 +1,76 @@
+"""Engine 'nemo_muon' through Megatron-Bridge 0.6's own extension point, ``OptimizerConfig.provide()``: Bridge's real
+``setup_optimizer`` builds and trains nemo-muon's Muon and SOAP inside Megatron-Core 0.19's layer-wise optimizer on
+2 gloo ranks, with nothing of Bridge patched; Megatron's own Muon (engine 'megatron') still goes through Bridge's name
+dispatch."""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
+from nemo_muon.versions import BRIDGE_PROVIDE
+from tests.distributed import run_distributed
+from tests.megatron_cpu.training import train_through_bridge_setup_optimizer
+
+
+@pytest.mark.parametrize("spec, optimizer, ours", [("tiny_kimi_k2", "muon", "MegatronMuon"),
+                                                   ("tiny_qwen3_moe", "muon", "MegatronMuon"),
+                                                   ("tiny_qwen3_moe", "soap", "MegatronSoap")])
+def test_bridge_setup_optimizer_provides_and_trains_ours(spec, optimizer, ours):
+    result = run_distributed(train_through_bridge_setup_optimizer, world_size=2, args=(spec, 10, optimizer),
+                             timeout_s=300)[0]
+    assert result["config_class"] == "EngineOptimizerConfig" and result["provides"]
+    assert not result["hook_installed"]  # nothing of Bridge rebound
+    assert ours in result["optimizers"] and "LayerWiseDistributedOptimizer" in result["optimizers"]
+    assert "TensorParallelMuon" not in result["optimizers"]
+    losses = result["losses"]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
+    assert result["replica_max_diff"] == 0.0
+
+
+def test_megatrons_own_muon_goes_through_bridges_name_dispatch():
+    result = run_distributed(train_through_bridge_setup_optimizer, world_size=2,
+                             args=("tiny_qwen3_moe", 10, "muon", "megatron"), timeout_s=300)[0]
+    assert result["config_class"] == "OptimizerConfig" and not result["provides"]
+    assert "TensorParallelMuon" in result["optimizers"] and "MegatronMuon" not in result["optimizers"]
+    losses = result["losses"]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
+    assert result["replica_max_diff"] == 0.0
+
+
+def test_the_installed_bridge_is_served_through_provide(bridge):
+    from nemo_muon.megatron.bridge import installed_bridge_integration
+
+    assert installed_bridge_integration() == BRIDGE_PROVIDE
+
+
+def test_engine_config_carries_our_validated_config_and_megatrons_fields(bridge):
+    from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
+
+    from nemo_muon.megatron.bridge import bridge_optimizer_config
+    from nemo_muon.megatron.bridge_provider import EngineOptimizerConfig
+    from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
+
+    ours = MuonConfig(lr=0.02, weight_decay=0.1, split_gate_up=False, nesterov=True)
+    _, spec = to_megatron_optimizer_config(ours)
+    config = bridge_optimizer_config(ours, spec)
+    assert isinstance(config, EngineOptimizerConfig) and isinstance(config, BridgeOptimizerConfig)
+    assert config.engine_config is ours
+    assert config.muon_nesterov is True and config.lr == 0.02 and config.weight_decay == 0.1  # 0.18+ names
+    config.finalize()  # what ConfigContainer.validate() runs on it
+    megatron = bridge_optimizer_config(MuonConfig(lr=0.02, engine="megatron", split_gate_up=False), spec)
+    assert type(megatron) is BridgeOptimizerConfig and megatron.optimizer == "dist_muon"
+    adam = AdamWConfig(lr=1e-3)
+    _, adam_spec = to_megatron_optimizer_config(adam)
+    assert type(bridge_optimizer_config(adam, adam_spec)) is BridgeOptimizerConfig
+
+
+def test_provide_refuses_a_config_without_ours(bridge):
+    from nemo_muon.megatron.bridge_provider import EngineOptimizerConfig
+
+    with pytest.raises(ValueError, match="engine_config must be a MuonConfig or SoapConfig; got AdamWConfig"):
+        EngineOptimizerConfig(engine_config=AdamWConfig(lr=1e-3)).provide(model_chunks=[])
+    with pytest.raises(ValueError, match=r"has no field\(s\) \['muon_use_nesterov'\]"):
+        from nemo_muon.megatron.bridge_provider import engine_optimizer_config
+
+        engine_optimizer_config(SoapConfig(lr=1e-3), {"muon_use_nesterov": True})

@@ -1,0 +1,51 @@
+"""The newest-stack environment holds exactly what its lock pins, shares torch with .venv on disk, and is NGC 26.08's
+stack where the table says so (`nemo_muon.versions`)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from nemo_muon.versions import get_release, normalize_name, release_numbers
+from tests.newest_stack.conftest import NEWEST_STACK_LOCK
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in NEWEST_STACK_LOCK.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[normalize_name(name)] = version
+    return pins
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def test_installed_distributions_equal_the_lock():
+    differ = {name: (want, _installed(name)) for name, want in _pins().items() if _installed(name) != want}
+    assert not differ, f"lock vs installed: {differ}"
+    assert _installed("transformer-engine") is None and _installed("nemo-toolkit") is None
+
+
+def test_the_lock_is_the_26_08_stack_on_the_release_lines_it_names():
+    """Bridge, Megatron-Core and NeMo-Run are the release's lines (PyPI's newest patch of each); no NeMo toolkit."""
+    release, pins = get_release("26.08"), _pins()
+    for dist, version in (("megatron-bridge", release.megatron_bridge), ("megatron-core", release.megatron_core)):
+        assert release_numbers(pins[dist])[:2] == release_numbers(version)[:2], (dist, pins[dist], version)
+    assert pins["nemo-run"] == release.nemo_run
+    assert release.nemo is None and "nemo-toolkit" not in pins
+
+
+def test_torch_is_shared_with_the_dev_environment_on_disk():
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    dev = Path(__file__).resolve().parents[2] / ".venv" / lib.relative_to(sys.prefix)
+    assert os.path.samefile(lib, dev), f"{lib} and {dev} are two files: make venv and newest-venv share a uv cache"
