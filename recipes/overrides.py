@@ -36,7 +36,8 @@ SECTIONS: tuple[str, ...] = (
     "model", "optimizer", "parallelism", "system", "trainer", "scheduler", "data", "precision", "checkpoint",
     "logging",
 )
-TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "backend", "layerwise", "qk_clip", "qk_clip_threshold", "qk_clip_alpha")
+TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "backend", "layerwise", "qk_clip", "qk_clip_threshold", "qk_clip_alpha",
+                                   "hf_config")
 OPTIMIZER_KINDS: dict[str, type] = {"muon": MuonConfig, "adamw": AdamWConfig, "soap": SoapConfig}
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")

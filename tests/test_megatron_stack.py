@@ -61,9 +61,32 @@ def test_without_megatron_installed_the_release_stack_is_judged(monkeypatch):
         stack.check_recipe_stack(soap.replace(optimizer=dataclasses.replace(soap.optimizer, engine="megatron")))
     stack.check_recipe_stack(get_recipe("kimi_k2_adamw"))
     stack.check_recipe_stack(get_recipe("tiny_kimi_k2_muon"))  # torch backend: no Megatron involved
-    monkeypatch.setenv("NEMO_MUON_RELEASE", "26.06")  # Megatron-Core 0.18: Muon and SOAP both build
-    stack.check_recipe_stack(get_recipe("kimi_k2_muon"))
-    stack.check_recipe_stack(get_recipe("kimi_k2_soap"))
+    monkeypatch.setenv("NEMO_MUON_RELEASE", "26.08")  # Megatron-Core 0.19: Muon and SOAP both build; Bridge 0.6
+    stack.check_recipe_stack(get_recipe("kimi_k2_muon").replace(hf_config="/configs/kimi_k2"))
+    stack.check_recipe_stack(get_recipe("kimi_k2_soap").replace(hf_config="/configs/kimi_k2"))
+
+
+@pytest.mark.parametrize("release", ["26.04", "26.06"])
+def test_a_release_whose_bridge_recipes_we_do_not_build_is_refused_naming_it(release, monkeypatch):
+    monkeypatch.setattr(stack, "installed_versions", lambda: dict.fromkeys(stack.CHECKED_DISTRIBUTIONS))
+    monkeypatch.setenv("NEMO_MUON_RELEASE", release)
+    bridge = {"26.04": "0.4.0", "26.06": "0.5.0"}[release]
+    for name in ("kimi_k2_muon", "qwen3_30b_a3b_adamw"):
+        with pytest.raises(ValueError, match=rf"cannot run on the nemo:{release} container stack: megatron-bridge "
+                                             rf"{bridge} .*fix: use the nemo:26.08 or nemo:26.02 container"):
+            stack.check_recipe_stack(get_recipe(name).replace(hf_config="/configs/x"))
+    stack.check_recipe_stack(get_recipe("tiny_kimi_k2_muon"))  # torch backend: no Bridge involved
+
+
+def test_bridge_06_needs_a_local_hf_config_at_dryrun(monkeypatch):
+    monkeypatch.setattr(stack, "installed_versions", lambda: dict.fromkeys(stack.CHECKED_DISTRIBUTIONS))
+    monkeypatch.setenv("NEMO_MUON_RELEASE", "26.08")
+    with pytest.raises(ValueError, match=r"recipe 'qwen3_30b_a3b_muon' on the nemo:26.08 container stack \(megatron-"
+                                         r"bridge 0.6.0\): hf_config must name a local folder holding "
+                                         r"Qwen/Qwen3-30B-A3B's Hugging Face config.json"):
+        stack.check_recipe_stack(get_recipe("qwen3_30b_a3b_muon"))
+    monkeypatch.setenv("NEMO_MUON_RELEASE", "26.02")  # Bridge 0.3 builds its providers without the Hub
+    stack.check_recipe_stack(get_recipe("qwen3_30b_a3b_muon"))
 
 
 def test_with_megatron_installed_the_installed_stack_is_judged():

@@ -203,6 +203,8 @@ def test_recipes_doc_lists_the_deliberate_differences_from_bridge():
     from pathlib import Path
 
     from nemo_muon.megatron.bridge import deliberate_differences_markdown
+    from nemo_muon.megatron.bridge_perf_recipes import deliberate_differences_06_markdown
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "recipes.md").read_text()
     assert deliberate_differences_markdown() in doc
+    assert deliberate_differences_06_markdown() in doc

@@ -293,6 +293,9 @@ class TrainingRecipe:
     qk_clip_alpha: float = 0.5
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables the run needs (NCCL/NVTE/CUDA settings of the Bridge perf recipes), set by launchers."""
+    hf_config: str | None = None
+    """backend='megatron' on Megatron-Bridge >= 0.4 (NGC 26.04 onwards): a local folder holding the model's Hugging
+    Face config.json, from which Bridge builds the model (it reaches no Hub); None elsewhere."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -324,6 +327,12 @@ class TrainingRecipe:
             raise ValueError("layerwise must be true with optimizer.engine='nemo_muon' (it runs inside Megatron's "
                              "layer-wise distributed optimizer); got layerwise=False: set layerwise=true, or "
                              "optimizer.engine=megatron")
+        if self.hf_config is not None and (not isinstance(self.hf_config, str) or not self.hf_config.strip()):
+            raise ValueError(f"hf_config must be a folder path (the model's Hugging Face config.json) or None; got "
+                             f"{self.hf_config!r}")
+        if self.hf_config is not None and self.backend != "megatron":
+            raise ValueError(f"hf_config must be None with backend={self.backend!r} (only Megatron-Bridge reads it); got "
+                             f"{self.hf_config!r}")
         check_range("recipe.qk_clip_threshold", self.qk_clip_threshold, low=0.0, low_inclusive=False)
         check_range("recipe.qk_clip_alpha", self.qk_clip_alpha, low=0.0, high=1.0)
         for k, v in self.env.items():

@@ -12,7 +12,8 @@ of Megatron-Core, Bridge or NeMo:
 * `bridge_hook`: that engine in Megatron-Bridge 0.3 (NGC 26.02), by rebinding one name of its optimizer setup;
 * `stack`: which installed stacks can build which optimizer;
 * `recipe_rules`: what the megatron backend refuses, checked when a recipe is built (torch-free);
-* `model_config`, `bridge`: Megatron-Bridge configs of the recipes; `bridge_presets`: Bridge's perf layouts as data;
+* `model_config`, `bridge`: Megatron-Bridge configs of the recipes; `bridge_presets`: Bridge 0.3's perf layouts as
+  data; `bridge_perf_recipes`: Bridge 0.6's perf recipes as the base (a local HF config for the model);
 * `nemo2`: NeMo 2.7 optimizer modules and optimizer recipes (needs NeMo).
 """
 
@@ -21,7 +22,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_presets", "bridge_provider", "build", "model_config",
+SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_perf_recipes", "bridge_presets", "bridge_provider",
+                               "build", "model_config",
                                "nemo2", "nonfinite", "optimizer_config", "ownership", "recipe_rules", "registration",
                                "stack")
 

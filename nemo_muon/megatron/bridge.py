@@ -37,7 +37,12 @@ from nemo_muon.megatron.optimizer_config import (
     megatron_optimizer_spec,
 )
 from nemo_muon.megatron.stack import optimizer_engine
-from nemo_muon.versions import BRIDGE_HOOK, BRIDGE_PROVIDE, bridge_integration
+from nemo_muon.versions import BRIDGE_HOOK, BRIDGE_PROVIDE, bridge_integration, release_numbers
+
+FULL_ITERATION_GRAPH = "full_iteration"
+"""``model.cuda_graph_impl`` that captures the whole step (Bridge 0.6's Qwen3 MXFP8 perf recipes)."""
+BRIDGE_PERF_RECIPES_IN_WHEEL = (0, 6)
+"""From this Bridge release on, a recipe's base is Bridge's own perf recipe (`nemo_muon.megatron.bridge_perf_recipes`)."""
 
 BRIDGE_VERSION = "0.3.0"
 BRIDGE_BASE_RECIPES: dict[str, str] = {
@@ -338,21 +343,32 @@ def build_config_container(recipe: TrainingRecipe) -> Any:
 def config_container(recipe: TrainingRecipe) -> Any:
     """The `ConfigContainer` alone, without asking whether the installed optimizer stack can build the optimizer it
     names (`build_config_container` asks first; this is what it builds, and what the config tests validate)."""
-    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
-
     recipe.validate()
-    module_name, fn_name = BRIDGE_BASE_RECIPES[recipe.model.name].split(":")
-    kwargs = bridge_recipe_kwargs(recipe)
-    kwargs["precision_config"] = get_mixed_precision_config(kwargs["precision_config"])
-    container = getattr(importlib.import_module(module_name), fn_name)(**kwargs)
+    bridge_version = importlib.metadata.version("megatron-bridge")
+    if release_numbers(bridge_version)[:2] >= BRIDGE_PERF_RECIPES_IN_WHEEL:
+        # Bridge's own perf recipe is the base: its perf fields are there already
+        from nemo_muon.megatron.bridge_perf_recipes import perf_recipe_container
+
+        _check_supported(recipe)
+        container, knobs = perf_recipe_container(recipe), None
+    elif installed_bridge_integration() == BRIDGE_HOOK:
+        container = _library_recipe_container(recipe)
+        knobs = BRIDGE_PERF_LAYOUTS.get((recipe.model.name, recipe.system.gpu))
+    else:
+        raise ValueError(f"megatron-bridge {bridge_version} (NGC 26.04 / 26.06) ships its perf configs outside the "
+                         "wheel and recipes of another signature: nemo-muon builds megatron recipes on Bridge 0.3 "
+                         "(nemo:26.02) and >= 0.6 (nemo:26.08); use one of those containers")
     container.optimizer = bridge_optimizer_config(recipe.optimizer, bridge_optimizer_spec(recipe))
-    knobs = BRIDGE_PERF_LAYOUTS.get((recipe.model.name, recipe.system.gpu))
     overrides = bridge_field_overrides(recipe, bridge_knobs=knobs)
     if container.comm_overlap is None and "comm_overlap" in overrides:  # Qwen's library recipe leaves it None
         from megatron.bridge.training.comm_overlap import CommOverlapConfig
 
         container.comm_overlap = CommOverlapConfig(**overrides.pop("comm_overlap"))
     _set_fields(container, overrides)
+    if getattr(container.model, "cuda_graph_impl", None) == FULL_ITERATION_GRAPH:
+        # Bridge refuses the loss's NaN check inside a full-iteration CUDA graph (Bridge 0.6's Qwen3 MXFP8 recipes);
+        # DDP's gradient check (ddp.check_for_nan_in_grad) still stops a diverged run at the step it diverges
+        container.rerun_state_machine.check_for_nan_in_loss = False
     return container
 
 
@@ -377,6 +393,16 @@ def bridge_optimizer_config(opt: OptimizerConfig, spec: MegatronOptimizerSpec) -
     config = BridgeOptimizerConfig(**spec.kwargs)
     config.optimizer = spec.bridge_optimizer  # Bridge dispatches Megatron's Muon / SOAP on this name
     return config
+
+
+def _library_recipe_container(recipe: TrainingRecipe) -> Any:
+    """Bridge 0.3's library recipe of the model family (`BRIDGE_BASE_RECIPES`) with `bridge_recipe_kwargs`."""
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+    module_name, fn_name = BRIDGE_BASE_RECIPES[recipe.model.name].split(":")
+    kwargs = bridge_recipe_kwargs(recipe)
+    kwargs["precision_config"] = get_mixed_precision_config(kwargs["precision_config"])
+    return getattr(importlib.import_module(module_name), fn_name)(**kwargs)
 
 
 def pretrain(recipe: TrainingRecipe) -> None:

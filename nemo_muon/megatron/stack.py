@@ -133,6 +133,44 @@ def check_recipe_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept
         return
     versions, where = target_stack()
     check_stack(recipe.optimizer.name, versions, where=where, engine=optimizer_engine(recipe.optimizer))
+    bridge, where = target_bridge()
+    check_recipe_bridge(recipe, bridge, where=where)
+
+
+MBRIDGE = "megatron-bridge"
+BRIDGE_RECIPE_RELEASES: tuple[tuple[int, int], ...] = ((0, 3), (0, 6))
+"""Bridge minor releases whose recipes nemo-muon builds on (0.3: the library recipes and perf scripts mirrored;
+0.6: the perf recipes of the wheel). 0.4 / 0.5 ship their perf configs outside the wheel."""
+
+
+def check_recipe_bridge(recipe, bridge_version: str | None, *, where: str) -> None:  # noqa: ANN001 - import-free
+    """Refuse a megatron recipe that the Bridge ``bridge_version`` cannot build (None: Bridge absent, nothing to
+    check), naming the release, the component and the fix; on Bridge >= 0.4 the recipe must name ``hf_config``."""
+    if bridge_version is None:
+        return
+    minor = release_numbers(bridge_version)[:2]
+    if minor not in BRIDGE_RECIPE_RELEASES and minor < BRIDGE_RECIPE_RELEASES[-1]:
+        raise ValueError(f"recipe {recipe.name!r} cannot run on {where}: megatron-bridge {bridge_version} (NGC 26.04 / "
+                         "26.06) ships its perf configs outside the wheel, and nemo-muon builds megatron recipes on "
+                         "Bridge 0.3 (nemo:26.02) and 0.6 (nemo:26.08); fix: use the nemo:26.08 or nemo:26.02 container")
+    if minor >= (0, 4) and recipe.hf_config is None:
+        from nemo_muon.megatron.bridge_perf_recipes import missing_hf_config_message
+
+        raise ValueError(f"recipe {recipe.name!r} on {where} (megatron-bridge {bridge_version}): "
+                         f"{missing_hf_config_message(recipe.model.name)}")
+
+
+def target_bridge() -> tuple[str | None, str]:
+    """(Bridge version, description) of the stack a megatron run builds on: the installed Bridge, else the
+    container release's (`target_stack`'s rule: installed where Megatron-Core is installed)."""
+    try:
+        return importlib.metadata.version(MBRIDGE), "the installed stack"
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if installed_versions()[MCORE] is not None:
+        return None, "the installed stack"
+    tag = current_release().tag
+    return get_release(tag).megatron_bridge, f"the nemo:{tag} container stack"
 
 
 def target_stack() -> tuple[dict[str, str | None], str]:
