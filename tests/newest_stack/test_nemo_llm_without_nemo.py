@@ -1,0 +1,63 @@
+"""`nemo llm pretrain --factory <recipe>` on NGC 26.08's stack, which has NeMo-Run's `nemo` command but no NeMo
+toolkit: nemo-muon's `nemo_run.cli` entry point serves the ``llm`` namespace itself (Bridge registers only an empty
+``lm``). Through the real `nemo` command of this environment, as a user of that container types it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+
+from tests.megatron_cpu.hf_cache import DATA
+from tests.test_nemo_cli import llm_entry_point_path, nemo  # noqa: F401 - the fixture, used by name
+
+KIMI_CONFIG = DATA / "kimi_k2_config.json"
+
+
+def test_no_nemo_toolkit_and_ours_is_the_llm_namespace():
+    assert importlib.metadata.packages_distributions().get("nemo") is None  # no NeMo toolkit to provide `llm`
+    entries = importlib.metadata.entry_points().select(group="nemo_run.cli")
+    assert {e.value for e in entries if e.name == "llm"} == {"nemo_muon.recipes.nemo_run_registration"}
+    assert importlib.metadata.version("nemo-run") == "0.10.0"
+
+
+def test_help_lists_our_factories(llm_entry_point_path, tmp_path):  # noqa: F811
+    out = nemo(["llm", "pretrain", "--help"], pythonpath=[llm_entry_point_path], home=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "kimi_k2_muon" in out.stdout and "qwen3_30b_a3b_soap" in out.stdout
+
+
+def test_dryrun_prints_the_recipe_with_its_local_hf_config(llm_entry_point_path, tmp_path):  # noqa: F811
+    folder = tmp_path / "kimi"
+    folder.mkdir()
+    (folder / "config.json").write_text(KIMI_CONFIG.read_text())
+    ok = nemo(["llm", "pretrain", "--factory", "kimi_k2_muon", f"hf_config={folder}", "--dryrun", "--yes"],
+              pythonpath=[llm_entry_point_path], home=tmp_path)
+    assert ok.returncode == 0, (ok.stdout + ok.stderr)[-3000:]
+    assert "kimi_k2_muon: 256 x gb300 (64 nodes x 4), TP1 PP4 VP4 CP1 EP64 ETP1 DP64" in ok.stdout
+    assert f"hf_config: {folder}" in ok.stdout
+
+
+def test_dryrun_without_hf_config_says_what_to_provide(llm_entry_point_path, tmp_path):  # noqa: F811
+    out = nemo(["llm", "pretrain", "--factory", "qwen3_30b_a3b_muon", "--dryrun", "--yes"],
+               pythonpath=[llm_entry_point_path], home=tmp_path)
+    assert out.returncode == 1
+    # one line, the last: (Bridge's own `lm` entry point, imported by NeMo-Run at start-up, logs its optional-import
+    # misses on this CPU machine before it; the container has Transformer Engine)
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "Error: recipe 'qwen3_30b_a3b_muon' on the installed stack (megatron-bridge 0.6.2): hf_config must name a "
+        "local folder holding Qwen/Qwen3-30B-A3B's Hugging Face config.json")
+    assert "nemo_muon" not in out.stderr.split("Error: recipe")[0]  # no traceback of ours before it
+
+
+def test_tiny_recipe_trains_through_the_local_executor(llm_entry_point_path, tmp_path):  # noqa: F811
+    runs = tmp_path / "runs"
+    proc = nemo(["llm", "pretrain", "--factory", "tiny_qwen3_moe_muon", "run.executor=local", "trainer.max_steps=2",
+                 "scheduler.warmup_steps=1", "trainer.global_batch_size=4", "trainer.micro_batch_size=2",
+                 "trainer.seq_length=32", "trainer.eval_interval=0", "data.kind=mock", f"logging.root={runs}", "--yes"],
+                pythonpath=[llm_entry_point_path], home=tmp_path, timeout=400)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    lines = (runs / "tiny_qwen3_moe_muon" / "metrics.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    assert events[0]["event"] == "run" and events[0]["world_size"] == 2 and events[0]["optimizer"] == "muon"
+    steps = [e for e in events if e["event"] == "train"]
+    assert [e["step"] for e in steps] == [1, 2] and all(e["loss"] == e["loss"] for e in steps)  # not NaN
