@@ -25,7 +25,8 @@ COPY launchers ./launchers
 # PIP_BREAK_SYSTEM_PACKAGES: a base whose system Python is marked externally managed (PEP 668) is still ours to extend.
 RUN env -u PIP_CONSTRAINT PIP_BREAK_SYSTEM_PACKAGES=1 \
       python3 -m pip wheel --no-deps --no-cache-dir --quiet --wheel-dir /wheels . \
- && PYTHONPATH=/src python3 -m nemo_muon.versions extras "${NEMO_MUON_RELEASE}" > /wheels/extras.txt
+ && PYTHONPATH=/src python3 -m nemo_muon.versions extras "${NEMO_MUON_RELEASE}" > /wheels/extras.txt \
+ && PYTHONPATH=/src python3 -m nemo_muon.versions minimums > /wheels/minimums.txt
 
 # ---- runtime: the base image plus our layer ----
 FROM ${BASE_IMAGE}
@@ -63,6 +64,7 @@ ARG NEMO_MUON_REQUIRE_OPTIMIZERS=muon
 RUN chmod 0755 /opt/nemo-muon/entrypoint.sh \
  && PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 /opt/nemo-muon/install_into_base.py \
       --wheel-dir /tmp/nemo-muon-wheels --requirements /tmp/nemo-muon-wheels/extras.txt \
+      --minimums /tmp/nemo-muon-wheels/minimums.txt \
  && rm -rf /tmp/nemo-muon-wheels \
  && python3 -P -m nemo_muon.megatron.stack --require "${NEMO_MUON_REQUIRE_OPTIMIZERS}"
 

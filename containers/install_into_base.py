@@ -2,13 +2,16 @@
 
 Run by the Dockerfile's runtime stage::
 
-    python3 install_into_base.py --wheel-dir /tmp/nemo-muon-wheels --requirements extras.txt
+    python3 install_into_base.py --wheel-dir /tmp/nemo-muon-wheels --requirements extras.txt \
+        [--minimums minimums.txt]
 
 1. installs the nemo-muon wheel with ``--no-deps`` (torch, Transformer Engine, Megatron-Core, NeMo come from the base);
 2. installs each pinned requirement of ``extras.txt`` (``python -m nemo_muon.versions extras <release>``) with
-   ``--no-deps``, only if the base has no distribution of that name; a base's own version is kept and reported;
-3. compares every installed distribution before and after, and exits 1 if any base package was changed or removed
-   or anything unexpected was added.
+   ``--no-deps``, only if the base has no distribution of that name, or has one older than its line in
+   ``minimums.txt`` (``python -m nemo_muon.versions minimums``: ``name>=version``, what nemo-muon's code needs); a
+   base's own version is otherwise kept and reported, and a replaced one is reported with the reason;
+3. compares every installed distribution before and after, and exits 1 if any base package was changed (other than
+   a replacement of step 2) or removed, or anything unexpected was added.
 """
 
 from __future__ import annotations
@@ -51,11 +54,33 @@ def read_pins(path: Path) -> list[tuple[str, str, str]]:
     return pins
 
 
+def read_minimums(path: Path | None) -> dict[str, str]:
+    """Normalized name -> minimum version of each ``name>=version`` line (none without a file)."""
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines() if path is not None else ():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)>=([0-9][0-9A-Za-z.+!-]*)", line)
+        if not m:
+            raise SystemExit(f"install_into_base: {path}: a minimum must read 'name>=version'; got {line!r}")
+        out[_normalize(m.group(1))] = m.group(2)
+    return out
+
+
+def release_numbers(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version (``"0.2.0rc1+abc"`` -> ``(0, 2, 0)``)."""
+    m = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wheel-dir", type=Path, required=True)
     ap.add_argument("--requirements", type=Path, required=True)
+    ap.add_argument("--minimums", type=Path, default=None)
     args = ap.parse_args(argv)
+    minimums = read_minimums(args.minimums)
 
     wheels = sorted(args.wheel_dir.glob("nemo_muon-*.whl"))
     if len(wheels) != 1:
@@ -63,8 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     before = installed()
     to_install = [str(wheels[0])]
     expected_new = {"nemo-muon"}
+    replaced: set[str] = set()
     for line, name, version in read_pins(args.requirements):
-        if name in before:
+        minimum = minimums.get(name)
+        if name in before and minimum is not None and release_numbers(before[name]) < release_numbers(minimum):
+            print(f"install_into_base: base provides {name} {before[name]}, older than the {minimum} nemo-muon needs: "
+                  f"replaced by {version}")
+            to_install.append(line)
+            replaced.add(name)
+        elif name in before:
             note = "" if before[name] == version else f" (the table pins {version}; the base's version is kept)"
             print(f"install_into_base: base provides {name} {before[name]}{note}")
         else:
@@ -76,14 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     after = installed()
 
-    changed = {k: (v, after.get(k)) for k, v in before.items() if after.get(k) != v and k != "nemo-muon"}
+    changed = {k: (v, after.get(k)) for k, v in before.items()
+               if after.get(k) != v and k != "nemo-muon" and k not in replaced}
     added = set(after) - set(before)
     if changed or not added <= expected_new or "nemo-muon" not in after:
         print(f"install_into_base: base packages changed {changed}; added {sorted(added)}, allowed {sorted(expected_new)}",
               file=sys.stderr)
         return 1
-    print(f"install_into_base: added {', '.join(f'{k} {after[k]}' for k in sorted(added))}; "
-          f"{len(before)} base distributions unchanged")
+    swapped = "".join(f"; replaced {k} {before[k]} -> {after[k]}" for k in sorted(replaced))
+    print(f"install_into_base: added {', '.join(f'{k} {after[k]}' for k in sorted(added))}{swapped}; "
+          f"{len(before) - len(replaced)} base distributions unchanged")
     return 0
 
 

@@ -112,7 +112,7 @@ def judge(facts: Facts, release: Any, *, recipe_env: Mapping[str, str] | None = 
     py_ok = _release_numbers(facts.python)[:2] >= (3, 12)
     checks.append(Check(name="python", status="ok" if py_ok else "fail", detail=facts.python,
                         fix="" if py_ok else "use Python >= 3.12 (the NGC container's 3.12)"))
-    expected = {**release.expected_distributions(), **release.extra_pins()}
+    expected = release.image_distributions()
     tag = release.tag
     for dist in DISTRIBUTIONS:
         have = facts.distributions.get(dist)

@@ -20,6 +20,7 @@ Command line (used by the container build)::
     python -m nemo_muon.versions markdown          # the table of containers/README.md
     python -m nemo_muon.versions show 26.02 [--json]
     python -m nemo_muon.versions extras 26.02      # pinned requirements installed only if the base lacks them
+    python -m nemo_muon.versions minimums          # name>=version: a base's older version is replaced by the pin
     python -m nemo_muon.versions image 26.02       # the base image of that release
 """
 
@@ -50,6 +51,13 @@ BASE_OWNED_DISTRIBUTIONS: tuple[str, ...] = (
 # emerging-optimizers is what Megatron-Core's Muon needs (it checks the installed metadata, >= 0.2); absl-py
 # is its one dependency that is not already a dependency of the base's torch stack.
 _EXTRAS_026: tuple[str, ...] = ("emerging-optimizers==0.3.0", "absl-py==2.5.1")
+
+# Distributions nemo-muon's own code needs at a minimum version. The image keeps a base's version at or above it and
+# replaces an older one with the pin of `extra_requirements` (`install_into_base.py --minimums`); doctor and the stack
+# rules (nemo_muon.megatron.stack) name an older one. emerging-optimizers: nemo_muon.optim.coefficients imports
+# orthogonalized_optimizers.muon_utils.get_coefficient_iterator, which arrived in 0.2.0 (v0.1.0's muon_utils has
+# only newton_schulz and newton_schulz_tp; tags read with git, research notes H).
+MINIMUM_VERSIONS: dict[str, str] = {"emerging-optimizers": "0.2.0"}
 
 _REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([0-9][0-9A-Za-z.+!-]*)$")
 
@@ -164,6 +172,18 @@ class ContainerRelease:
             "torch": self.pytorch,
         }
         return {k: v for k, v in out.items() if v is not None}
+
+    def image_distributions(self) -> dict[str, str]:
+        """What the nemo-muon image of this release runs with: the documented stack, emerging-optimizers as the base
+        ships it where that meets `MINIMUM_VERSIONS` (else our pin replaces it), and the extras the base lacks."""
+        out = dict(self.expected_distributions())
+        shipped = {"emerging-optimizers": self.emerging_optimizers}
+        for name, version in self.extra_pins().items():
+            base = shipped.get(name)
+            minimum = MINIMUM_VERSIONS.get(name)
+            keep = base is not None and (minimum is None or release_numbers(base) >= release_numbers(minimum))
+            out[name] = base if keep else version
+        return out
 
     def extra_pins(self) -> dict[str, str]:
         """Normalized name -> pinned version of :attr:`extra_requirements`."""
@@ -300,8 +320,9 @@ CONTAINER_STACK: tuple[StackRow, ...] = (
     StackRow("nemo-run", "0.8.0", "0.8.0", "same"),
     StackRow("numpy", "< 2", "1.26.4", "the last 1.x on PyPI for Python 3.12"),
     StackRow("transformers", "4.57 (NeMo 2.7's ~=4.57.0)", "4.57.6", "newest 4.57"),
-    StackRow("emerging-optimizers", "not documented", "0.3.0", "the only release on PyPI; Megatron-Core 0.16's "
-             "Muon cannot use it (nemo_muon.megatron.stack refuses that combination)"),
+    StackRow("emerging-optimizers", "0.1.0 (Bridge's uv.lock)", "0.3.0", "the only release on PyPI, and what "
+             "the nemo-muon image installs over 0.1.0 (which lacks what nemo-muon's Muon imports); Megatron-Core "
+             "0.16's own Muon cannot use it (nemo_muon.megatron.stack refuses that combination)"),
     StackRow("transformer-engine", "2.12", None, "no CPU build: tests answer Bridge's two unguarded imports with "
              "tests/megatron_cpu/te_stub.py and use Megatron's local (no-TE) layer spec"),
     StackRow("apex, mamba-ssm, causal-conv1d, flash-linear-attention, nvidia-resiliency-ext, timm, open-clip-torch, "
@@ -352,7 +373,8 @@ def releases_markdown_table() -> str:
 
 
 def _main(argv: Sequence[str]) -> int:
-    usage = "usage: python -m nemo_muon.versions {list | markdown | show TAG [--json] | extras TAG | image TAG}"
+    usage = ("usage: python -m nemo_muon.versions {list | markdown | minimums | show TAG [--json] | extras TAG | "
+             "image TAG}")
     if not argv:
         print(usage, file=sys.stderr)
         return 2
@@ -360,6 +382,8 @@ def _main(argv: Sequence[str]) -> int:
     try:
         if cmd == "list" and not rest:
             print("\n".join(list_releases()))
+        elif cmd == "minimums" and not rest:
+            print("\n".join(f"{name}>={version}" for name, version in MINIMUM_VERSIONS.items()))
         elif cmd == "markdown" and not rest:
             print(releases_markdown_table(), end="")
         elif cmd in ("show", "extras", "image") and rest:

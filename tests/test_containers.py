@@ -21,7 +21,13 @@ import pytest
 from nemo_muon.recipes import environment as recipe_env
 from nemo_muon.recipes import get_recipe, list_recipes
 
-from nemo_muon.versions import BASE_OWNED_DISTRIBUTIONS, DEFAULT_RELEASE, get_release, releases_markdown_table
+from nemo_muon.versions import (
+    BASE_OWNED_DISTRIBUTIONS,
+    DEFAULT_RELEASE,
+    get_release,
+    list_releases,
+    releases_markdown_table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -220,6 +226,51 @@ def test_install_into_base_adds_wheel_and_missing_extras_and_keeps_base_versions
     assert got.split() == [base_pip, "9.9.9"]
 
 
+def test_install_into_base_replaces_a_base_version_older_than_the_minimum_and_keeps_a_newer_one(tmp_path):
+    """emerging-optimizers on NGC 26.02 / 26.04 (0.1.0 < 0.2.0: replaced by the pin) and 26.06 / 26.08 (0.2.0: kept),
+    with probe packages in a fresh venv (the 'base')."""
+    venv = tmp_path / "base"
+    _sh([sys.executable, "-m", "venv", str(venv)], timeout=120)
+    py = str(venv / "bin" / "python")
+    found = tmp_path / "found"
+    found.mkdir()
+    for name, version in (("nm_old_probe", "0.1.0"), ("nm_old_probe", "0.3.0"), ("nm_new_probe", "0.2.0"),
+                          ("nm_new_probe", "0.3.0")):
+        _fake_wheel(found, name, version)
+    env = {**os.environ, "PIP_FIND_LINKS": str(found), "PIP_NO_INDEX": "1"}
+    _sh([py, "-m", "pip", "install", "--quiet", "--no-deps", "--find-links", str(found), "--no-index",
+         "nm-old-probe==0.1.0", "nm-new-probe==0.2.0"], timeout=120)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _fake_wheel(wheels, "nemo_muon", "9.9.9")
+    (tmp_path / "extras.txt").write_text("nm-old-probe==0.3.0\nnm-new-probe==0.3.0\n")
+    (tmp_path / "minimums.txt").write_text("nm-old-probe>=0.2.0\nnm_new_probe>=0.2.0\n")
+    r = subprocess.run([py, str(ROOT / "containers" / "install_into_base.py"), "--wheel-dir", str(wheels),
+                        "--requirements", str(tmp_path / "extras.txt"), "--minimums", str(tmp_path / "minimums.txt")],
+                       capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "base provides nm-old-probe 0.1.0, older than the 0.2.0 nemo-muon needs: replaced by 0.3.0" in r.stdout
+    assert "added nemo-muon 9.9.9; replaced nm-old-probe 0.1.0 -> 0.3.0; 2 base distributions unchanged" in r.stdout
+    assert "base provides nm-new-probe 0.2.0 (the table pins 0.3.0; the base's version is kept)" in r.stdout
+    got = _sh([py, "-P", "-c", "import importlib.metadata as m; print(m.version('nm-old-probe'), "
+               "m.version('nm-new-probe'))"]).stdout
+    assert got.split() == ["0.3.0", "0.2.0"]
+    (tmp_path / "bad.txt").write_text("nm-old-probe==0.2.0\n")
+    bad = subprocess.run([py, str(ROOT / "containers" / "install_into_base.py"), "--wheel-dir", str(wheels),
+                          "--requirements", str(tmp_path / "extras.txt"), "--minimums", str(tmp_path / "bad.txt")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode != 0 and "a minimum must read 'name>=version'; got 'nm-old-probe==0.2.0'" in bad.stderr
+
+
+def test_the_dockerfile_passes_the_minimums_of_the_versions_table():
+    text = DOCKERFILE.read_text()
+    assert "python3 -m nemo_muon.versions minimums > /wheels/minimums.txt" in text
+    assert "--minimums /tmp/nemo-muon-wheels/minimums.txt" in text
+    out = subprocess.run([sys.executable, "-m", "nemo_muon.versions", "minimums"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["emerging-optimizers>=0.2.0"]
+
+
 # ---------------------------------------------------------------- live build on a stand-in base
 
 
@@ -335,7 +386,7 @@ def test_image_adds_little_to_its_base(image, standin):
 
 @pytest.mark.system
 def test_newer_release_variant_builds_from_the_same_dockerfile(standin):
-    newest = "26.06"
+    newest = list_releases()[-1]  # 26.08
     tag, log = _build(standin, newest)
     try:
         r = _run(tag, "python3", "-c", "import nemo_muon.versions as v; print(v.current_release().megatron_core)")

@@ -18,7 +18,8 @@ def _rules(**versions: str | None) -> set[str]:
 
 @pytest.mark.parametrize("versions, rules", [
     (dict(mcore="0.16.0", eo="0.3.0", nemo="2.7.0"), {"mcore016-muon-emerging-optimizers", "mcore-soap"}),
-    (dict(mcore="0.16.1rc0+abc", eo="0.1.0", nemo=None), {"mcore-soap"}),
+    (dict(mcore="0.16.1rc0+abc", eo="0.1.0", nemo=None), {"mcore-soap", "emerging-optimizers-too-old-for-nemo-muon"}),
+    (dict(mcore="0.19.0", eo="0.2.0", nemo=None), set()),
     (dict(mcore="0.16.0", eo=None, nemo=None), {"mcore016-muon-no-emerging-optimizers", "mcore-soap"}),
     (dict(mcore="0.18.0", eo="0.3.0", nemo=None), set()),
     (dict(mcore="0.19.2", eo="0.3.0", nemo="2.7.3"), {"nemo27-mcore019"}),
@@ -117,3 +118,24 @@ def test_soap_on_megatron_with_checkpoints_is_refused_when_the_recipe_is_built(c
                                          "dist_checkpointing yet"):
         soap.replace(checkpoint=CheckpointConfig(**checkpoint))
     soap.replace(checkpoint=CheckpointConfig(save_interval=0))  # without checkpoints it is fine
+
+
+def test_emerging_optimizers_older_than_ours_needs_stops_our_muon_only():
+    """NGC 26.02 / 26.04 ship emerging-optimizers 0.1.0: it runs Megatron-Core 0.16's own Muon, not ours."""
+    versions = {stack.MCORE: "0.16.0", stack.EMERGING_OPTIMIZERS: "0.1.0", stack.NEMO: None}
+    assert [p.rule for p in stack.problems_for_optimizer("muon", versions)] == [
+        "emerging-optimizers-too-old-for-nemo-muon"]
+    assert stack.problems_for_optimizer("muon", versions, engine="megatron") == []
+    assert stack.problems_for_optimizer("adamw", versions) == []
+    with pytest.raises(ValueError, match=r"emerging-optimizers 0.1.0 cannot run nemo-muon's Muon: .*"
+                                         r"get_coefficient_iterator, which arrives in 0.2.0.*fix: install "
+                                         r"emerging-optimizers >= 0.2.0"):
+        stack.check_stack("muon", versions, where="x")
+
+
+@pytest.mark.parametrize("release, eo", [("26.02", "0.3.0"), ("26.04", "0.3.0"), ("26.06", "0.2.0"),
+                                         ("26.08", "0.2.0")])
+def test_the_image_keeps_the_bases_emerging_optimizers_only_where_ours_runs_on_it(release, eo):
+    """The release ships 0.1.0 (26.02, 26.04: replaced by our pin) or 0.2.0 (26.06, 26.08: kept)."""
+    assert stack.release_versions(release)[stack.EMERGING_OPTIMIZERS] == eo
+    assert stack.problems_for_optimizer("muon", stack.release_versions(release)) == []

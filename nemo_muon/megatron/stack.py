@@ -12,7 +12,7 @@ import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nemo_muon.versions import current_release, get_release, release_numbers
+from nemo_muon.versions import MINIMUM_VERSIONS, current_release, get_release, release_numbers
 
 MCORE = "megatron-core"
 EMERGING_OPTIMIZERS = "emerging-optimizers"
@@ -57,6 +57,16 @@ def stack_problems(versions: Mapping[str, str | None]) -> list[StackProblem]:
                 "mcore016-muon-no-emerging-optimizers", "muon",
                 f"megatron-core {versions[MCORE]}'s Muon needs emerging-optimizers, which is not installed",
                 f"use optimizer.engine=nemo_muon, or {eo_016}", engine="megatron"))
+    eo_minimum = MINIMUM_VERSIONS[EMERGING_OPTIMIZERS]
+    if eo is not None and eo < release_numbers(eo_minimum):
+        problems.append(StackProblem(
+            "emerging-optimizers-too-old-for-nemo-muon", "muon",
+            f"emerging-optimizers {versions[EMERGING_OPTIMIZERS]} cannot run nemo-muon's Muon: "
+            "nemo_muon.optim.coefficients imports orthogonalized_optimizers.muon_utils.get_coefficient_iterator, "
+            f"which arrives in {eo_minimum} (ImportError when Muon is built)",
+            f"install emerging-optimizers >= {eo_minimum} (pip install --no-deps emerging-optimizers==0.3.0; the "
+            "nemo-muon image does so where the base's is older: NGC 26.02, 26.04); Megatron-Core 0.16's own Muon then "
+            "cannot be built, so keep optimizer.engine=nemo_muon there", engine=DEFAULT_ENGINE))
     if mcore is not None and mcore[:2] < (0, 18):
         problems.append(StackProblem(
             "mcore-soap", "soap",
@@ -86,10 +96,9 @@ def installed_versions() -> dict[str, str | None]:
 
 
 def release_versions(tag: str) -> dict[str, str | None]:
-    """The versions a container release runs with: its documented stack plus what our image adds if missing."""
-    rel = get_release(tag)
-    documented = {**rel.expected_distributions(), **rel.extra_pins()}
-    return {dist: documented.get(dist) for dist in CHECKED_DISTRIBUTIONS}
+    """The versions the nemo-muon image of a container release runs with (`ContainerRelease.image_distributions`)."""
+    image = get_release(tag).image_distributions()
+    return {dist: image.get(dist) for dist in CHECKED_DISTRIBUTIONS}
 
 
 DEFAULT_ENGINE = "nemo_muon"
