@@ -98,9 +98,11 @@ def build_megatron_optimizer(
     bf16: bool = True,
     layerwise: bool = True,
     pg_collection: Any = None,
+    min_lr: float | None = None,
 ) -> tuple[Any, Any]:
     """(Megatron optimizer, its `OptimizerConfig`) for DDP-wrapped ``model_chunks`` (see `build_from_megatron_config`).
-    """
+    ``min_lr``: the floor Megatron's `OptimizerParamScheduler` decays to (None: no scheduler drives it)."""
     check_installed_stack(opt.name, optimizer_engine(opt))
-    config, spec = to_megatron_optimizer_config(opt, grad_clip=grad_clip, bf16=bf16, layerwise=layerwise)
+    config, spec = to_megatron_optimizer_config(opt, grad_clip=grad_clip, bf16=bf16, layerwise=layerwise,
+                                                min_lr=min_lr)
     return build_from_megatron_config(opt, config, spec, model_chunks, pg_collection=pg_collection), config

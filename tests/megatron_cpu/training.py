@@ -35,7 +35,7 @@ DENSE_DROPS = ("num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe
 parallelism for MoE under tensor parallelism, which the local spec's torch norms do not support."""
 
 
-def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1):
+def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: int = SEQ):
     import torch
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -59,7 +59,7 @@ def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1):
                  bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, **parallel)
     gpt_args = {k: v for k, v in arch.items() if k not in names}  # e.g. rotary_base: a GPTModel argument
     block_spec = with_cpu_mla_attention(get_gpt_decoder_block_spec(config, use_transformer_engine=False))
-    model = GPTModel(config=config, transformer_layer_spec=block_spec, max_sequence_length=SEQ, **model_fields(spec),
+    model = GPTModel(config=config, transformer_layer_spec=block_spec, max_sequence_length=seq, **model_fields(spec),
                      **gpt_args)
     return Float16Module(config, model), config, spec
 
@@ -98,17 +98,18 @@ def _batch(step: int, dp_rank: int, vocab: int):
 
 def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon", grad_reduce_in_fp32: bool = False,
                   nonfinite: str = "raise", tp: int = 1, dense: bool = False, ep: int = 1,
-                  split_target: float | None = None):
+                  split_target: float | None = None, opt: Any = None, seq: int = SEQ):
     """(model, its config, model spec, optimizer config, DDP-wrapped model with params broadcast) from the fixed
     seed: every replica and every run starts from the same weights. ``grad_reduce_in_fp32``: DDP's fp32 gradient
-    buffer (the product's default is bf16 reductions). ``split_target``: Muon's ``ns_split_target``."""
+    buffer (the product's default is bf16 reductions). ``split_target``: Muon's ``ns_split_target``. ``opt``: an
+    optimizer config to use instead of the harness's (`optimizer_config`); ``seq``: the longest sequence."""
     import torch
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
     torch.manual_seed(SEED)
-    model, config, spec = _model(spec_name, tp, dense, ep)
-    opt = optimizer_config(optimizer_name, engine, nonfinite)
+    model, config, spec = _model(spec_name, tp, dense, ep, seq)
+    opt = optimizer_config(optimizer_name, engine, nonfinite) if opt is None else opt
     if split_target is not None:
         opt = dataclasses.replace(opt, ns_split_target=split_target)
     ddp_model = _ddp(model, config, opt, optimizer_name != "adamw", grad_reduce_in_fp32)
