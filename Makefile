@@ -16,6 +16,12 @@ NEWEST_VENV := .venv-ngc-26.08
 NEWEST_LOCK := requirements/container-stack-26.08.txt
 NEWEST_STAMP := $(NEWEST_VENV)/.installed
 NEWEST_TESTS := tests/newest_stack
+# NGC 26.04's stack (Bridge 0.4, Megatron-Core 0.17): the optimizer through provide(), and the recipes' refusal.
+B04_VENV := .venv-ngc-26.04
+B04_LOCK := requirements/container-stack-26.04.txt
+B04_STAMP := $(B04_VENV)/.installed
+B04_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provider.py test_bridge_04_refusal.py \
+	test_install_beside_container.py)
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
 # Tests of the newest stack (Bridge >= 0.4's extension point) live here and run only there.
@@ -53,11 +59,15 @@ $(STACK_STAMP): $(STACK_LOCK) pyproject.toml scripts/container_stack_env.sh $(ST
 	scripts/container_stack_env.sh $(STACK_VENV) $(STACK_LOCK) $(UV)
 	@touch $(STACK_STAMP)
 
-newest-venv: $(NEWEST_STAMP)
+newest-venv: $(NEWEST_STAMP) $(B04_STAMP)
 
 $(NEWEST_STAMP): $(NEWEST_LOCK) pyproject.toml scripts/container_stack_env.sh $(STAMP)
 	scripts/container_stack_env.sh $(NEWEST_VENV) $(NEWEST_LOCK) $(UV)
 	@touch $(NEWEST_STAMP)
+
+$(B04_STAMP): $(B04_LOCK) pyproject.toml scripts/container_stack_env.sh $(STAMP)
+	scripts/container_stack_env.sh $(B04_VENV) $(B04_LOCK) $(UV)
+	@touch $(B04_STAMP)
 
 demo: venv
 	OMP_NUM_THREADS=1 $(PY) -m nemo_muon.train.demo
@@ -85,10 +95,11 @@ test-stack: stack-venv
 	OMP_NUM_THREADS=1 $(STACK_VENV)/bin/python -m pytest $(STACK_TESTS) tests/megatron_cpu
 
 test-newest: newest-venv
-	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS)
+	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS) --ignore=$(NEWEST_TESTS)/test_bridge_04_refusal.py
+	OMP_NUM_THREADS=1 $(B04_VENV)/bin/python -m pytest $(B04_TESTS)
 
 bench: venv
 	$(PY) bench/ns.py
 
 clean-venv:
-	rm -rf $(VENV) $(STACK_VENV) $(NEWEST_VENV) $(UV_CACHE_DIR)
+	rm -rf $(VENV) $(STACK_VENV) $(NEWEST_VENV) $(B04_VENV) $(UV_CACHE_DIR)

@@ -1,4 +1,5 @@
-"""The newest-stack environment's fixtures (NGC nemo:26.08's Python stack, `make test-newest`): refuse to run
+"""The fixtures of the Bridge >= 0.4 environments (`make test-newest`): NGC 26.08's stack (`.venv-ngc-26.08`, every
+test here) and NGC 26.04's (`.venv-ngc-26.04`, the optimizer tests and the recipes' refusal). Refuse to run
 elsewhere; Bridge imported behind the TE stub; an offline HF cache (set up before collection)."""
 
 from __future__ import annotations
@@ -10,23 +11,40 @@ from pathlib import Path
 
 import pytest
 
+from nemo_muon.versions import get_release, release_numbers
 from tests.megatron_cpu.hf_cache import install_offline_hf_cache
 from tests.megatron_cpu.te_stub import bridge_imports_without_te
 
-NEWEST_STACK_LOCK = Path(__file__).resolve().parents[2] / "requirements" / "container-stack-26.08.txt"
+ROOT = Path(__file__).resolve().parents[2]
+STACK_RELEASES: dict[tuple[int, int], str] = {(0, 4): "26.04", (0, 6): "26.08"}
+"""Installed Bridge minor -> the NGC release whose stack this environment mirrors."""
+
+
+def _installed_bridge() -> str | None:
+    try:
+        return importlib.metadata.version("megatron-bridge")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def stack_release():
+    """The `ContainerRelease` this environment mirrors (by its Bridge)."""
+    return get_release(STACK_RELEASES[release_numbers(_installed_bridge())[:2]])
+
+
+def stack_lock() -> Path:
+    """The lock file this environment was installed from."""
+    return ROOT / "requirements" / f"container-stack-{stack_release().tag}.txt"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     root = Path(tempfile.mkdtemp(prefix="nemo_muon_hf_"))
     config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
     install_offline_hf_cache(root)
-    try:
-        bridge = importlib.metadata.version("megatron-bridge")
-    except importlib.metadata.PackageNotFoundError:
-        bridge = None
-    if bridge is None or not bridge.startswith("0.6."):
-        raise pytest.UsageError(f"tests/newest_stack runs in the newest-stack environment (megatron-bridge 0.6.x, "
-                                f"`make test-newest`); this interpreter has megatron-bridge {bridge}")
+    bridge = _installed_bridge()
+    if bridge is None or release_numbers(bridge)[:2] not in STACK_RELEASES:
+        raise pytest.UsageError(f"tests/newest_stack runs in the Bridge >= 0.4 environments (megatron-bridge 0.4.x or "
+                                f"0.6.x, `make test-newest`); this interpreter has megatron-bridge {bridge}")
 
 
 @pytest.fixture(scope="session")

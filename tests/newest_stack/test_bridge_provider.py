@@ -1,16 +1,18 @@
-"""Engine 'nemo_muon' through Megatron-Bridge 0.6's own extension point, ``OptimizerConfig.provide()``: Bridge's real
-``setup_optimizer`` builds and trains nemo-muon's Muon and SOAP inside Megatron-Core 0.19's layer-wise optimizer on
-2 gloo ranks, with nothing of Bridge patched; Megatron's own Muon (engine 'megatron') still goes through Bridge's name
-dispatch."""
+"""Engine 'nemo_muon' through Megatron-Bridge's own extension point, ``OptimizerConfig.provide()`` (Bridge >= 0.4):
+Bridge's real ``setup_optimizer`` builds and trains nemo-muon's Muon and SOAP inside Megatron-Core's layer-wise
+optimizer on 2 gloo ranks, with nothing of Bridge patched; Megatron's own Muon (engine 'megatron') still goes through
+Bridge's name dispatch. Run on 26.08's stack (Bridge 0.6, Megatron-Core 0.19: the registry) and on 26.04's (Bridge
+0.4, Megatron-Core 0.17: our layer-wise assembly)."""
 
 from __future__ import annotations
 
 import pytest
 
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
-from nemo_muon.versions import BRIDGE_PROVIDE
+from nemo_muon.versions import BRIDGE_PROVIDE, MCORE_ASSEMBLY
 from tests.distributed import run_distributed
 from tests.megatron_cpu.training import train_through_bridge_setup_optimizer
+from tests.newest_stack.conftest import stack_release
 
 
 @pytest.mark.parametrize("spec, optimizer, ours", [("tiny_kimi_k2", "muon", "MegatronMuon"),
@@ -21,7 +23,10 @@ def test_bridge_setup_optimizer_provides_and_trains_ours(spec, optimizer, ours):
                              timeout_s=300)[0]
     assert result["config_class"] == "EngineOptimizerConfig" and result["provides"]
     assert not result["hook_installed"]  # nothing of Bridge rebound
-    assert ours in result["optimizers"] and "LayerWiseDistributedOptimizer" in result["optimizers"]
+    # Megatron-Core 0.17 (26.04): our layer-wise assembly, matrices owned by NS cost; >= 0.18: Megatron's registry
+    layer_wise = ("NsBalancedLayerWiseOptimizer" if stack_release().mcore_integration == MCORE_ASSEMBLY
+                  else "LayerWiseDistributedOptimizer")
+    assert ours in result["optimizers"] and layer_wise in result["optimizers"]
     assert "TensorParallelMuon" not in result["optimizers"]
     losses = result["losses"]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
@@ -56,7 +61,8 @@ def test_engine_config_carries_our_validated_config_and_megatrons_fields(bridge)
     config = bridge_optimizer_config(ours, spec)
     assert isinstance(config, EngineOptimizerConfig) and isinstance(config, BridgeOptimizerConfig)
     assert config.engine_config is ours
-    assert config.muon_nesterov is True and config.lr == 0.02 and config.weight_decay == 0.1  # 0.18+ names
+    nesterov = "muon_use_nesterov" if stack_release().mcore_integration == MCORE_ASSEMBLY else "muon_nesterov"
+    assert getattr(config, nesterov) is True and config.lr == 0.02 and config.weight_decay == 0.1
     config.finalize()  # what ConfigContainer.validate() runs on it
     megatron = bridge_optimizer_config(MuonConfig(lr=0.02, engine="megatron", split_gate_up=False), spec)
     assert type(megatron) is BridgeOptimizerConfig and megatron.optimizer == "dist_muon"
@@ -70,7 +76,7 @@ def test_provide_refuses_a_config_without_ours(bridge):
 
     with pytest.raises(ValueError, match="engine_config must be a MuonConfig or SoapConfig; got AdamWConfig"):
         EngineOptimizerConfig(engine_config=AdamWConfig(lr=1e-3)).provide(model_chunks=[])
-    with pytest.raises(ValueError, match=r"has no field\(s\) \['muon_use_nesterov'\]"):
+    with pytest.raises(ValueError, match=r"has no field\(s\) \['muon_unknown_knob'\]"):
         from nemo_muon.megatron.bridge_provider import engine_optimizer_config
 
-        engine_optimizer_config(SoapConfig(lr=1e-3), {"muon_use_nesterov": True})
+        engine_optimizer_config(SoapConfig(lr=1e-3), {"muon_unknown_knob": True})

@@ -1,5 +1,5 @@
-"""The newest-stack environment holds exactly what its lock pins, shares torch with .venv on disk, and is NGC 26.08's
-stack where the table says so (`nemo_muon.versions`)."""
+"""A Bridge >= 0.4 environment holds exactly what its lock pins, shares torch with .venv on disk, and is its NGC
+release's stack where the table says so (`nemo_muon.versions`)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from nemo_muon.versions import get_release, normalize_name, release_numbers
-from tests.newest_stack.conftest import NEWEST_STACK_LOCK
+from nemo_muon.versions import normalize_name, release_numbers
+from tests.newest_stack.conftest import stack_lock, stack_release
 
 
 def _pins() -> dict[str, str]:
     pins = {}
-    for line in NEWEST_STACK_LOCK.read_text().splitlines():
+    for line in stack_lock().read_text().splitlines():
         if line and not line.startswith("#"):
             name, version = line.split("==")
             pins[normalize_name(name)] = version
@@ -36,9 +36,9 @@ def test_installed_distributions_equal_the_lock():
     assert _installed("transformer-engine") is None and _installed("nemo-toolkit") is None
 
 
-def test_the_lock_is_the_26_08_stack_on_the_release_lines_it_names():
+def test_the_lock_is_the_release_stack_on_the_lines_it_names():
     """Bridge, Megatron-Core and NeMo-Run are the release's lines (PyPI's newest patch of each); no NeMo toolkit."""
-    release, pins = get_release("26.08"), _pins()
+    release, pins = stack_release(), _pins()
     for dist, version in (("megatron-bridge", release.megatron_bridge), ("megatron-core", release.megatron_core)):
         assert release_numbers(pins[dist])[:2] == release_numbers(version)[:2], (dist, pins[dist], version)
     assert pins["nemo-run"] == release.nemo_run

@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 
 from tests.megatron_cpu.hf_cache import DATA
+from tests.newest_stack.conftest import stack_release
 from tests.test_nemo_cli import llm_entry_point_path, nemo  # noqa: F401 - the fixture, used by name
 
 KIMI_CONFIG = DATA / "kimi_k2_config.json"
@@ -17,7 +18,7 @@ def test_no_nemo_toolkit_and_ours_is_the_llm_namespace():
     assert importlib.metadata.packages_distributions().get("nemo") is None  # no NeMo toolkit to provide `llm`
     entries = importlib.metadata.entry_points().select(group="nemo_run.cli")
     assert {e.value for e in entries if e.name == "llm"} == {"nemo_muon.recipes.nemo_run_registration"}
-    assert importlib.metadata.version("nemo-run") == "0.10.0"
+    assert importlib.metadata.version("nemo-run") == stack_release().nemo_run
 
 
 def test_help_lists_our_factories(llm_entry_point_path, tmp_path):  # noqa: F811
