@@ -139,3 +139,14 @@ def test_the_image_keeps_the_bases_emerging_optimizers_only_where_ours_runs_on_i
     """The release ships 0.1.0 (26.02, 26.04: replaced by our pin) or 0.2.0 (26.06, 26.08: kept)."""
     assert stack.release_versions(release)[stack.EMERGING_OPTIMIZERS] == eo
     assert stack.problems_for_optimizer("muon", stack.release_versions(release)) == []
+
+
+def test_a_login_node_with_megatron_core_but_no_bridge_judges_the_releases_bridge(monkeypatch):
+    """.venv has Megatron-Core 0.19.2 and no Bridge: the run's config is built in the release's container."""
+    assert stack.installed_versions()[stack.MCORE] is not None
+    monkeypatch.setenv("NEMO_MUON_RELEASE", "26.08")
+    assert stack.target_bridge() == ("0.6.0", "the nemo:26.08 container stack")
+    with pytest.raises(ValueError, match=r"on the nemo:26.08 container stack \(megatron-bridge 0.6.0\): hf_config must"):
+        stack.check_recipe_stack(get_recipe("kimi_k2_muon"))
+    monkeypatch.setenv("NEMO_MUON_RELEASE", "26.02")
+    stack.check_recipe_stack(get_recipe("kimi_k2_muon"))

@@ -152,11 +152,9 @@ BRIDGE_RECIPE_RELEASES: tuple[tuple[int, int], ...] = ((0, 3), (0, 6))
 0.6: the perf recipes of the wheel). 0.4 / 0.5 ship their perf configs outside the wheel."""
 
 
-def check_recipe_bridge(recipe, bridge_version: str | None, *, where: str) -> None:  # noqa: ANN001 - import-free
-    """Refuse a megatron recipe that the Bridge ``bridge_version`` cannot build (None: Bridge absent, nothing to
-    check), naming the release, the component and the fix; on Bridge >= 0.4 the recipe must name ``hf_config``."""
-    if bridge_version is None:
-        return
+def check_recipe_bridge(recipe, bridge_version: str, *, where: str) -> None:  # noqa: ANN001 - import-free
+    """Refuse a megatron recipe that the Bridge ``bridge_version`` cannot build, naming the release, the component and
+    the fix; on Bridge >= 0.4 the recipe must name ``hf_config``."""
     minor = release_numbers(bridge_version)[:2]
     if minor not in BRIDGE_RECIPE_RELEASES and minor < BRIDGE_RECIPE_RELEASES[-1]:
         raise ValueError(f"recipe {recipe.name!r} cannot run on {where}: megatron-bridge {bridge_version} (NGC 26.04 / "
@@ -169,17 +167,15 @@ def check_recipe_bridge(recipe, bridge_version: str | None, *, where: str) -> No
                          f"{missing_hf_config_message(recipe.model.name)}")
 
 
-def target_bridge() -> tuple[str | None, str]:
-    """(Bridge version, description) of the stack a megatron run builds on: the installed Bridge, else the
-    container release's (`target_stack`'s rule: installed where Megatron-Core is installed)."""
+def target_bridge() -> tuple[str, str]:
+    """(Bridge version, description) of the stack a megatron run builds its config on: the installed Bridge, else
+    the container release's (``$NEMO_MUON_RELEASE`` or the default; a login node with Megatron-Core but no Bridge
+    launches into that container)."""
     try:
         return importlib.metadata.version(MBRIDGE), "the installed stack"
     except importlib.metadata.PackageNotFoundError:
-        pass
-    if installed_versions()[MCORE] is not None:
-        return None, "the installed stack"
-    tag = current_release().tag
-    return get_release(tag).megatron_bridge, f"the nemo:{tag} container stack"
+        tag = current_release().tag
+        return get_release(tag).megatron_bridge, f"the nemo:{tag} container stack"
 
 
 def target_stack() -> tuple[dict[str, str | None], str]:
