@@ -22,6 +22,10 @@ B04_LOCK := requirements/container-stack-26.04.txt
 B04_STAMP := $(B04_VENV)/.installed
 B04_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provider.py test_bridge_04_refusal.py \
 	test_install_beside_container.py)
+# ...and Megatron-Core 0.17's training and checkpoint resume (the rest of tests/megatron_cpu states 0.16's or 0.18+'s
+# ownership and manifest behaviour).
+B04_MEGATRON := $(addprefix tests/megatron_cpu/test_megatron_training.py::,test_tiny_model_trains_through_megatron \
+	test_megatron_checkpoint_resume_continues_the_loss_curve test_layer_wise_checkpoint_resumes_at_another_data_parallel_size)
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
 # Tests of the newest stack (Bridge >= 0.4's extension point) live here and run only there.
@@ -96,7 +100,7 @@ test-stack: stack-venv
 
 test-newest: newest-venv
 	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS) --ignore=$(NEWEST_TESTS)/test_bridge_04_refusal.py
-	OMP_NUM_THREADS=1 $(B04_VENV)/bin/python -m pytest $(B04_TESTS)
+	OMP_NUM_THREADS=1 $(B04_VENV)/bin/python -m pytest $(B04_TESTS) $(B04_MEGATRON)
 
 bench: venv
 	$(PY) bench/ns.py
