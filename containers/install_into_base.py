@@ -40,32 +40,34 @@ def installed() -> dict[str, str]:
     return json.loads(out)
 
 
-def read_pins(path: Path) -> list[tuple[str, str, str]]:
-    """(requirement line, normalized name, version) for each ``name==version`` line; other lines are errors."""
-    pins = []
+def _matched_lines(path: Path, pattern: str, what: str) -> list[tuple[str, re.Match[str]]]:
+    """(line, match) for each non-blank, non-comment line of ``path``; a line that does not match is an error."""
+    out = []
     for line in path.read_text().splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)", line)
+        m = re.fullmatch(pattern, line)
         if not m:
-            raise SystemExit(f"install_into_base: {path}: requirement must be an exact pin 'name==version'; got {line!r}")
-        pins.append((line, _normalize(m.group(1)), m.group(3)))
-    return pins
+            raise SystemExit(f"install_into_base: {path}: {what}; got {line!r}")
+        out.append((line, m))
+    return out
+
+
+def read_pins(path: Path) -> list[tuple[str, str, str]]:
+    """(requirement line, normalized name, version) for each ``name==version`` line; other lines are errors."""
+    pattern = r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)"
+    return [(line, _normalize(m.group(1)), m.group(3))
+            for line, m in _matched_lines(path, pattern, "requirement must be an exact pin 'name==version'")]
 
 
 def read_minimums(path: Path | None) -> dict[str, str]:
     """Normalized name -> minimum version of each ``name>=version`` line (none without a file)."""
-    out: dict[str, str] = {}
-    for line in path.read_text().splitlines() if path is not None else ():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)>=([0-9][0-9A-Za-z.+!-]*)", line)
-        if not m:
-            raise SystemExit(f"install_into_base: {path}: a minimum must read 'name>=version'; got {line!r}")
-        out[_normalize(m.group(1))] = m.group(2)
-    return out
+    if path is None:
+        return {}
+    pattern = r"([A-Za-z0-9][A-Za-z0-9._-]*)>=([0-9][0-9A-Za-z.+!-]*)"
+    return {_normalize(m.group(1)): m.group(2)
+            for _, m in _matched_lines(path, pattern, "a minimum must read 'name>=version'")}
 
 
 def release_numbers(version: str) -> tuple[int, ...]:
