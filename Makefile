@@ -13,19 +13,17 @@ STACK_LOCK := requirements/container-stack-26.02.txt
 STACK_STAMP := $(STACK_VENV)/.installed
 # The newest-stack test environment: NGC nemo:26.08's Python stack (Bridge 0.6, Megatron-Core 0.19, no NeMo toolkit).
 NEWEST_VENV := .venv-ngc-26.08
-NEWEST_LOCK := requirements/container-stack-26.08.txt
 NEWEST_STAMP := $(NEWEST_VENV)/.installed
 NEWEST_TESTS := tests/newest_stack
-# NGC 26.04's stack (Bridge 0.4, Megatron-Core 0.17): the optimizer through provide(), and the recipes' refusal.
-B04_VENV := .venv-ngc-26.04
-B04_LOCK := requirements/container-stack-26.04.txt
-B04_STAMP := $(B04_VENV)/.installed
-B04_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provider.py test_bridge_04_refusal.py \
-	test_install_beside_container.py)
-# ...and Megatron-Core 0.17's training and checkpoint resume (the rest of tests/megatron_cpu states 0.16's or 0.18+'s
-# ownership and manifest behaviour).
-B04_MEGATRON := $(addprefix tests/megatron_cpu/test_megatron_training.py::,test_tiny_model_trains_through_megatron \
-	test_megatron_checkpoint_resume_continues_the_loss_curve test_layer_wise_checkpoint_resumes_at_another_data_parallel_size)
+# NGC 26.04's and 26.06's stacks (Bridge 0.4 / 0.5, Megatron-Core 0.17 / 0.18): the optimizer through provide(), the
+# recipes' refusal, and Megatron-Core's training and checkpoint resume (the rest of tests/megatron_cpu states 0.16's or
+# 0.18+'s ownership and manifest behaviour, and runs in .venv and .venv-ngc).
+MID_RELEASES := 26.04 26.06
+MID_STAMPS := $(foreach r,$(MID_RELEASES),.venv-ngc-$(r)/.installed)
+MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provider.py test_bridge_recipes_refused.py \
+	test_install_beside_container.py) $(addprefix tests/megatron_cpu/test_megatron_training.py::,\
+	test_tiny_model_trains_through_megatron test_megatron_checkpoint_resume_continues_the_loss_curve \
+	test_layer_wise_checkpoint_resumes_at_another_data_parallel_size)
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
 # Tests of the newest stack (Bridge >= 0.4's extension point) live here and run only there.
@@ -63,15 +61,12 @@ $(STACK_STAMP): $(STACK_LOCK) pyproject.toml scripts/container_stack_env.sh $(ST
 	scripts/container_stack_env.sh $(STACK_VENV) $(STACK_LOCK) $(UV)
 	@touch $(STACK_STAMP)
 
-newest-venv: $(NEWEST_STAMP) $(B04_STAMP)
+newest-venv: $(NEWEST_STAMP) $(MID_STAMPS)
 
-$(NEWEST_STAMP): $(NEWEST_LOCK) pyproject.toml scripts/container_stack_env.sh $(STAMP)
-	scripts/container_stack_env.sh $(NEWEST_VENV) $(NEWEST_LOCK) $(UV)
-	@touch $(NEWEST_STAMP)
-
-$(B04_STAMP): $(B04_LOCK) pyproject.toml scripts/container_stack_env.sh $(STAMP)
-	scripts/container_stack_env.sh $(B04_VENV) $(B04_LOCK) $(UV)
-	@touch $(B04_STAMP)
+# One environment per NGC release stack after 26.02 (.venv-ngc-<release>), each from requirements/container-stack-<release>.txt.
+.venv-ngc-%/.installed: requirements/container-stack-%.txt pyproject.toml scripts/container_stack_env.sh $(STAMP)
+	scripts/container_stack_env.sh .venv-ngc-$* requirements/container-stack-$*.txt $(UV)
+	@touch $@
 
 demo: venv
 	OMP_NUM_THREADS=1 $(PY) -m nemo_muon.train.demo
@@ -99,11 +94,12 @@ test-stack: stack-venv
 	OMP_NUM_THREADS=1 $(STACK_VENV)/bin/python -m pytest $(STACK_TESTS) tests/megatron_cpu
 
 test-newest: newest-venv
-	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS) --ignore=$(NEWEST_TESTS)/test_bridge_04_refusal.py
-	OMP_NUM_THREADS=1 $(B04_VENV)/bin/python -m pytest $(B04_TESTS) $(B04_MEGATRON)
+	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS) \
+	  --ignore=$(NEWEST_TESTS)/test_bridge_recipes_refused.py
+	for r in $(MID_RELEASES); do OMP_NUM_THREADS=1 .venv-ngc-$$r/bin/python -m pytest $(MID_TESTS) || exit 1; done
 
 bench: venv
 	$(PY) bench/ns.py
 
 clean-venv:
-	rm -rf $(VENV) $(STACK_VENV) $(NEWEST_VENV) $(B04_VENV) $(UV_CACHE_DIR)
+	rm -rf $(VENV) $(STACK_VENV) $(NEWEST_VENV) $(foreach r,$(MID_RELEASES),.venv-ngc-$(r)) $(UV_CACHE_DIR)

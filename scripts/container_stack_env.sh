@@ -12,6 +12,8 @@ venv=${1:?usage: container_stack_env.sh VENV_DIR LOCK_FILE UV}
 lock=${2:?usage: container_stack_env.sh VENV_DIR LOCK_FILE UV}
 uv=${3:?usage: container_stack_env.sh VENV_DIR LOCK_FILE UV}
 cd "$(dirname "$0")/.."
+# The Makefile's uv cache (hard links into it: one copy of what the environments pin alike) when run by hand too.
+export UV_CACHE_DIR=${UV_CACHE_DIR:-$PWD/.cache/uv} UV_LINK_MODE=${UV_LINK_MODE:-hardlink}
 # Made afresh each time (make runs this only when an input changed; from uv's cache it takes well under a minute):
 # nothing the lock no longer lists stays behind, and every file is a link into the cache, not a copy an earlier
 # installer made.

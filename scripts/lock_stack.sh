@@ -8,6 +8,8 @@ set -euo pipefail
 in=${1:?usage: lock_stack.sh REQUIREMENTS.in}
 out=${in%.in}.txt
 cd "$(dirname "$0")/.."
+# The Makefile's uv cache (hard links into it: one copy of what the environments pin alike) when run by hand too.
+export UV_CACHE_DIR=${UV_CACHE_DIR:-$PWD/.cache/uv} UV_LINK_MODE=${UV_LINK_MODE:-hardlink}
 uv=.venv/bin/uv
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT

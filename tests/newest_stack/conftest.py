@@ -1,6 +1,7 @@
 """The fixtures of the Bridge >= 0.4 environments (`make test-newest`): NGC 26.08's stack (`.venv-ngc-26.08`, every
-test here) and NGC 26.04's (`.venv-ngc-26.04`, the optimizer tests and the recipes' refusal). Refuse to run
-elsewhere; Bridge imported behind the TE stub; an offline HF cache (set up before collection)."""
+test here but the refusal of Bridge 0.4 / 0.5) and NGC 26.04's and 26.06's (`.venv-ngc-26.04`, `.venv-ngc-26.06`: the
+optimizer tests and the recipes' refusal). Refuse to run elsewhere; Bridge imported behind the TE stub; an offline HF
+cache (set up before collection)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.megatron_cpu.hf_cache import install_offline_hf_cache
 from tests.megatron_cpu.te_stub import bridge_imports_without_te
 
 ROOT = Path(__file__).resolve().parents[2]
-STACK_RELEASES: dict[tuple[int, int], str] = {(0, 4): "26.04", (0, 6): "26.08"}
+STACK_RELEASES: dict[tuple[int, int], str] = {(0, 4): "26.04", (0, 5): "26.06", (0, 6): "26.08"}
 """Installed Bridge minor -> the NGC release whose stack this environment mirrors."""
 
 
@@ -43,8 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
     install_offline_hf_cache(root)
     bridge = _installed_bridge()
     if bridge is None or release_numbers(bridge)[:2] not in STACK_RELEASES:
-        raise pytest.UsageError(f"tests/newest_stack runs in the Bridge >= 0.4 environments (megatron-bridge 0.4.x or "
-                                f"0.6.x, `make test-newest`); this interpreter has megatron-bridge {bridge}")
+        raise pytest.UsageError(f"tests/newest_stack runs in the Bridge >= 0.4 environments (megatron-bridge 0.4.x, "
+                                f"0.5.x or 0.6.x, `make test-newest`); this interpreter has megatron-bridge {bridge}")
 
 
 @pytest.fixture(scope="session")
