@@ -36,13 +36,11 @@ from nemo_muon.megatron.optimizer_config import (
     ddp_flags,
     megatron_optimizer_spec,
 )
-from nemo_muon.megatron.stack import optimizer_engine
-from nemo_muon.versions import BRIDGE_HOOK, BRIDGE_PROVIDE, bridge_integration, release_numbers
+from nemo_muon.megatron.stack import check_recipe_bridge, optimizer_engine
+from nemo_muon.versions import BRIDGE_HOOK, BRIDGE_PROVIDE, bridge_integration
 
 FULL_ITERATION_GRAPH = "full_iteration"
 """``model.cuda_graph_impl`` that captures the whole step (Bridge 0.6's Qwen3 MXFP8 perf recipes)."""
-BRIDGE_PERF_RECIPES_IN_WHEEL = (0, 6)
-"""From this Bridge release on, a recipe's base is Bridge's own perf recipe (`nemo_muon.megatron.bridge_perf_recipes`)."""
 
 BRIDGE_VERSION = "0.3.0"
 BRIDGE_BASE_RECIPES: dict[str, str] = {
@@ -344,20 +342,16 @@ def config_container(recipe: TrainingRecipe) -> Any:
     """The `ConfigContainer` alone, without asking whether the installed optimizer stack can build the optimizer it
     names (`build_config_container` asks first; this is what it builds, and what the config tests validate)."""
     recipe.validate()
-    bridge_version = importlib.metadata.version("megatron-bridge")
-    if release_numbers(bridge_version)[:2] >= BRIDGE_PERF_RECIPES_IN_WHEEL:
-        # Bridge's own perf recipe is the base: its perf fields are there already
+    # the rule every entry point applies before launch: Bridge 0.4 / 0.5 refused, hf_config required from 0.4
+    check_recipe_bridge(recipe, importlib.metadata.version("megatron-bridge"), where="the installed stack")
+    if installed_bridge_integration() == BRIDGE_HOOK:
+        container = _library_recipe_container(recipe)
+        knobs = BRIDGE_PERF_LAYOUTS.get((recipe.model.name, recipe.system.gpu))
+    else:  # Bridge >= 0.6: its own perf recipe is the base, with its perf fields already set
         from nemo_muon.megatron.bridge_perf_recipes import perf_recipe_container
 
         _check_supported(recipe)
         container, knobs = perf_recipe_container(recipe), None
-    elif installed_bridge_integration() == BRIDGE_HOOK:
-        container = _library_recipe_container(recipe)
-        knobs = BRIDGE_PERF_LAYOUTS.get((recipe.model.name, recipe.system.gpu))
-    else:
-        raise ValueError(f"megatron-bridge {bridge_version} (NGC 26.04 / 26.06) ships its perf configs outside the "
-                         "wheel and recipes of another signature: nemo-muon builds megatron recipes on Bridge 0.3 "
-                         "(nemo:26.02) and >= 0.6 (nemo:26.08); use one of those containers")
     container.optimizer = bridge_optimizer_config(recipe.optimizer, bridge_optimizer_spec(recipe))
     overrides = bridge_field_overrides(recipe, bridge_knobs=knobs)
     if container.comm_overlap is None and "comm_overlap" in overrides:  # Qwen's library recipe leaves it None
