@@ -26,9 +26,9 @@ from emerging_optimizers.orthogonalized_optimizers.muon_utils import newton_schu
 from torch.optim._muon import _zeropower_via_newtonschulz
 
 from nemo_muon.accounting.ns_choice import choose_algorithm
-from nemo_muon.accounting.ownership import ns_cost
 from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
 from nemo_muon.optim.ns_iteration import newton_schulz
+from nemo_muon.registry.cost import ns_cost
 
 SIMPLE = (3.4445, -4.7750, 2.0315)
 STEPS = 5

@@ -11,17 +11,24 @@ import click
 from nemo_muon.launchers.job import LaunchError, build_plan
 from nemo_muon.launchers.launch import execute, launch_options, options_from_cli, usage_error
 
+from nemo_muon.registry import specs
 from nemo_muon.secret_policy import mask_text, secret_values
 
-_OPT = re.compile(r"(muon|soap)")
+
+def _matrix_optimizer_names() -> list[str]:
+    """The registry's matrix optimizers, longest name first (``normuon`` before ``muon``)."""
+    return sorted((s.name for s in specs() if s.matrix is not None), key=len, reverse=True)
 
 
 def baseline_name(recipe: str, compare: str) -> str:
-    """'kimi_k2_muon_bf16' + 'adamw' -> 'kimi_k2_adamw_bf16' (the optimizer token swapped)."""
-    if not _OPT.search(recipe):
-        raise LaunchError("--recipe must name a Muon or SOAP recipe (its name contains 'muon' or 'soap'); "
-                          f"got {recipe!r}")
-    return _OPT.sub(compare, recipe, count=1)
+    """'kimi_k2_muon_bf16' + 'adamw' -> 'kimi_k2_adamw_bf16': the matrix optimizer's name, a whole token of the
+    recipe name, swapped ('tiny_kimi_k2_normuon' -> 'tiny_kimi_k2_adamw')."""
+    names = _matrix_optimizer_names()
+    token = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, names)) + r")(?![A-Za-z0-9])")
+    if not token.search(recipe):
+        raise LaunchError(f"--recipe must name a recipe of a matrix optimizer (its name contains one of {names} "
+                          f"as a token); got {recipe!r}")
+    return token.sub(compare, recipe, count=1)
 
 
 @click.command("bench")

@@ -12,6 +12,7 @@ import click
 from nemo_muon.launchers.cli_types import FINITE_POSITIVE
 
 from nemo_muon.config.limits import MAX_WORLD_SIZE
+from nemo_muon.registry import spec_named
 
 
 def _fmt_flops(x: float) -> str:
@@ -58,18 +59,18 @@ def _human(plan: dict[str, Any]) -> str:
                      f"layout bound {split['ns_imbalance_layout_bound']:.3f}), {split['split_matrices']} matrices "
                      f"split, +{split['extra_bytes_per_rank_max'] / 2**20:.1f} MiB sent per rank per step")
     t = plan["ns_time_per_step_s_at_peak"]
-    if plan["optimizer"] != "muon":
+    matrix = spec_named(plan["optimizer"]).matrix
+    if matrix is None or not matrix.newton_schulz:
         lines[-3 if split is not None else -2:] = [f"NS          none ({plan['optimizer']} runs no Newton–Schulz)"]
     elif t is None:
         lines.append(f"NS time     n/a (no peak for gpu {plan['gpu']!r})")
     else:
         lines.append(f"NS time     {t * 1e3:.1f} ms per step at the {plan['gpu']} dense bf16 peak (slowest rank)")
     by = plan["optimizer_state_bytes_per_rank_by_optimizer"]
-    lines.append(
-        f"opt. state  {_bytes(plan['optimizer_state_bytes_per_rank'])} per rank (max; compare: AdamW distributed "
-        f"{_bytes(by['adamw'])}, layer-wise Muon {_bytes(by['muon'])}, layer-wise SOAP {_bytes(by['soap'])}; "
-        "fp32 master + moments)"
-    )
+    compared = ", ".join(f"{'layer-wise' if spec_named(name).matrix else 'distributed'} {spec_named(name).label} "
+                         f"{_bytes(value)}" for name, value in by.items())
+    lines.append(f"opt. state  {_bytes(plan['optimizer_state_bytes_per_rank'])} per rank (max; compare: {compared}; "
+                 "fp32 master + optimizer state)")
     lines.append(f"param gather {_bytes(plan['param_gather_bytes_per_step'])} received per rank per step "
                  f"(max; all ranks {_bytes(plan['param_gather_bytes_per_step_all_ranks'])})")
     if "step_time_s" in plan:

@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Muon": "nemo_muon.optim.muon",
     "SOAP": "nemo_muon.optim.soap",
+    "NorMuon": "nemo_muon.optim.normuon",
     "newton_schulz": "nemo_muon.optim.ns_iteration",
     "build_optimizer": "nemo_muon.optim.factory",
     "LayerWiseDistributedOptimizer": "nemo_muon.layerwise.optimizer",
@@ -22,11 +23,12 @@ _LAZY = {
     "MuonConfig": "nemo_muon.config.optimizer",
     "SoapConfig": "nemo_muon.config.optimizer",
     "AdamWConfig": "nemo_muon.config.optimizer",
+    "NorMuonConfig": "nemo_muon.registry.normuon",
     "TrainingRecipe": "nemo_muon.config.recipe",
 }
 
-# subpackages reachable as attributes without importing them first (``nemo_muon.megatron.nemo2.Muon``)
-_SUBPACKAGES: frozenset[str] = frozenset({"accounting", "config", "layerwise", "megatron", "models", "optim",
+# subpackages reachable as attributes without importing them first (``nemo_muon.megatron.nemo2.muon_with_wsd``)
+_SUBPACKAGES: frozenset[str] = frozenset({"accounting", "config", "layerwise", "megatron", "models", "optim", "registry",
                                           "reporting", "train", "recipes", "launchers"})
 
 __all__ = ["__version__", *sorted(_LAZY)]

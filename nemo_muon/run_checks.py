@@ -3,7 +3,7 @@
 `check_run` is what `nemo_muon.recipes.execute.build_recipe` calls, and every entry point builds recipes through it
 (``nemo llm pretrain --dryrun``, ``nemo-muon plan``, ``nemo-muon launch`` and the job each rank runs), so they accept
 and refuse the same recipes. It checks, in order: the sections again; the schedule (warmup shorter than training,
-as Megatron's scheduler asserts); the sequence against the model's positions; the backend's own rules (`nemo_muon.train.recipe_rules`,
+as Megatron's scheduler asserts); the optimizer against its registry entry (`check_optimizer`); the sequence against the model's positions; the backend's own rules (`nemo_muon.train.recipe_rules`,
 `nemo_muon.megatron.recipe_rules`); the parallel layout on the recipe's world size
 (`accounting.layout.validate_layout`); the widths grouped GEMMs need at the recipe's precision. Torch-free.
 
@@ -15,6 +15,7 @@ launch folder is still mount-safe.
 from __future__ import annotations
 
 from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.registry import spec_for
 
 GROUPED_GEMM_ALIGNMENT: dict[str, int] = {"fp32": 4, "bf16": 8, "fp8_cs": 16, "mxfp8": 32}
 """Multiple of elements an expert GEMM width must be, per precision: torch._grouped_mm needs 16-byte strides
@@ -26,6 +27,32 @@ def check_schedule(recipe: TrainingRecipe) -> None:
     if warmup >= steps:
         raise ValueError(f"scheduler.warmup_steps must be < trainer.max_steps ({steps}) so the learning rate reaches "
                          f"its peak and decays; got {warmup}: set scheduler.warmup_steps={max(0, steps // 10)}")
+
+
+def check_optimizer(recipe: TrainingRecipe) -> None:
+    """The optimizer is registered (`nemo_muon.registry.spec_for`), and its entry allows what the recipe asks of it:
+    the engine on the megatron backend, and checkpoints of engine 'nemo_muon' inside Megatron (its state must be
+    shaped like its parameters for Megatron's ``dist_checkpointing``)."""
+    opt = recipe.optimizer
+    spec = spec_for(opt)
+    target = getattr(opt, "ns_split_target", None)
+    if target is not None and not (spec.matrix is not None and spec.matrix.splittable):
+        raise ValueError(f"{opt.name}.ns_split_target must be None: {spec.label} does not split a matrix's update over "
+                         f"DP ranks (split ownership is Muon's); got {target!r}")
+    engine = getattr(opt, "engine", None)
+    if recipe.backend != "megatron" or spec.matrix is None:
+        return
+    if engine not in spec.megatron.engines:
+        raise ValueError(f"{opt.name}.engine must be one of {spec.megatron.engines} on backend='megatron' ("
+                         f"{spec.label}'s implementations inside Megatron-Core); got {engine!r}")
+    ckpt = recipe.checkpoint
+    if engine == "nemo_muon" and not spec.megatron.dist_checkpoint and (ckpt.save_interval > 0 or ckpt.resume):
+        raise ValueError(
+            f"checkpoint.save_interval must be 0 and checkpoint.resume false for optimizer={opt.name} with engine "
+            f"'nemo_muon' on backend='megatron': nemo-muon's {spec.label} inside Megatron cannot go through "
+            "Megatron's dist_checkpointing yet (its state is not shaped like its parameters, which Megatron's "
+            f"optimizer sharding requires); got checkpoint.save_interval={ckpt.save_interval}, "
+            f"checkpoint.resume={ckpt.resume}: set both off, or backend=torch")
 
 
 def check_sequence(recipe: TrainingRecipe) -> None:
@@ -55,6 +82,7 @@ def check_run(recipe: TrainingRecipe) -> None:
     from nemo_muon.accounting.layout import LayoutError, validate_layout
 
     recipe.validate()
+    check_optimizer(recipe)
     check_schedule(recipe)
     check_sequence(recipe)
     try:

@@ -26,9 +26,9 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from nemo_muon._validation import check_choice
 from nemo_muon.config.limits import ENV_NAME
-from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.specs import MODEL_SPECS
+from nemo_muon.registry import names, spec_named
 from nemo_muon.secret_policy import check_override
 
 SECTION_ALIASES: dict[str, str] = {"optim": "optimizer", "log": "logging"}
@@ -38,7 +38,6 @@ SECTIONS: tuple[str, ...] = (
 )
 TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "backend", "layerwise", "qk_clip", "qk_clip_threshold", "qk_clip_alpha",
                                    "hf_config")
-OPTIMIZER_KINDS: dict[str, type] = {"muon": MuonConfig, "adamw": AdamWConfig, "soap": SoapConfig}
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
@@ -140,9 +139,19 @@ def convert_value(key: str, raw: Any, hint: Any) -> Any:
 
 
 def _switch_optimizer(recipe: TrainingRecipe, kind: Any) -> Any:
-    check_choice("optimizer", kind, tuple(OPTIMIZER_KINDS))
-    current = recipe.optimizer
-    return OPTIMIZER_KINDS[kind](lr=current.lr, weight_decay=current.weight_decay)
+    """The registered optimizer ``kind`` at the recipe's lr and weight decay, its other fields at their defaults (on
+    the megatron backend: the registry entry's ``recipe_defaults``, what Megatron-Core can honour). A variant of the
+    current optimizer (one config class derived from the other: Muon <-> NorMuon) keeps every field they share, so
+    ``optimizer=normuon`` on a Muon recipe changes the update and nothing else."""
+    check_choice("optimizer", kind, names())
+    current, spec = recipe.optimizer, spec_named(kind)
+    new, old = spec.config_class, type(current)
+    values = dict(spec.megatron.recipe_defaults) if recipe.backend == "megatron" else {}
+    if issubclass(new, old) or issubclass(old, new):
+        fields_of = [{f.name for f in dataclasses.fields(cls) if f.init} for cls in (new, old)]
+        shared = fields_of[0] & fields_of[1]
+        values.update({name: getattr(current, name) for name in shared})
+    return new(**{**values, "lr": current.lr, "weight_decay": current.weight_decay})
 
 
 def apply_overrides(recipe: TrainingRecipe, overrides: Sequence[str] | Mapping[str, Any]) -> TrainingRecipe:

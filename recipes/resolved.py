@@ -33,15 +33,15 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from nemo_muon._validation import check_choice, fail, shown
-from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
+from nemo_muon.config.optimizer import BaseOptimizerConfig
 from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.registry import config_classes
 from nemo_muon.secret_policy import check_override
 
 FORMAT = "nemo-muon/resolved-recipe"
 VERSION = 1
 TOP_KEYS: tuple[str, ...] = ("format", "version", "source", "recipe")
 SOURCE_KEYS: tuple[str, ...] = ("recipe", "overrides")
-OPTIMIZERS: dict[str, type] = {"muon": MuonConfig, "soap": SoapConfig, "adamw": AdamWConfig}
 MAX_FILE_BYTES = 1 << 20
 """A recipe document is a few kB; a larger file is refused before it is parsed."""
 
@@ -52,7 +52,7 @@ def _init_names(cls: type) -> tuple[str, ...]:
 
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        head = {"name": value.name} if isinstance(value, tuple(OPTIMIZERS.values())) else {}
+        head = {"name": value.name} if isinstance(value, BaseOptimizerConfig) else {}
         return {**head, **{n: _plain(getattr(value, n)) for n in _init_names(type(value))}}
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
@@ -113,14 +113,14 @@ def _decode(path: str, value: Any, hint: Any) -> Any:
         if value is None and type(None) in args:
             return None
         members = [a for a in args if a is not type(None)]
-        if all(dataclasses.is_dataclass(m) for m in members):  # the optimizer: its "name" says which
-            return _decode_optimizer(path, value, members)
         if len(members) == 1:
             return _decode(path, value, members[0])
         raise fail(path, value, f"a value of type {_hint_text(hint)}")
     if origin is Literal:
         check_choice(path, value, args)
         return value
+    if hint is BaseOptimizerConfig:  # the optimizer: its "name" says which registered config
+        return _decode_optimizer(path, value)
     if dataclasses.is_dataclass(hint):
         return _decode_dataclass(path, value, hint)
     if hint is bool:
@@ -174,8 +174,8 @@ def _decode_dataclass(path: str, data: Any, cls: type, skip: Sequence[str] = ())
     return cls(**kwargs)
 
 
-def _decode_optimizer(path: str, data: Any, members: Sequence[type]) -> Any:
-    kinds = {k: c for k, c in OPTIMIZERS.items() if c in members}
+def _decode_optimizer(path: str, data: Any) -> Any:
+    kinds = config_classes()
     if not isinstance(data, dict):
         raise fail(path, data, f"an object whose name is one of {tuple(kinds)}")
     kind = data.get("name")

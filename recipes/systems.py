@@ -8,11 +8,13 @@ this module adds what `_benchmark_common` sets (50 steps, 10 warmup steps, no ch
 
 from __future__ import annotations
 
+import dataclasses
+
 from nemo_muon.recipes.environment import perf_env
 
-from nemo_muon._validation import check_choice, check_positive_int
+from nemo_muon._validation import check_positive_int
 from nemo_muon.config.limits import GPUS_PER_NODE
-from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.config.optimizer import OptimizerConfig
 from nemo_muon.config.recipe import (
     CheckpointConfig,
     DataConfig,
@@ -24,10 +26,8 @@ from nemo_muon.config.recipe import (
     TrainingRecipe,
 )
 from nemo_muon.megatron.bridge_presets import perf_layout
-from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
 from nemo_muon.models.specs import ModelSpec
-
-OPTIMIZERS: tuple[str, ...] = ("muon", "adamw", "soap")
+from nemo_muon.registry import spec_named
 
 # Bridge `_benchmark_common` / library optimizer helpers (lr 3e-4 -> 3e-5 cosine, clip 1.0)
 BENCHMARK_STEPS = 50
@@ -43,14 +43,17 @@ BRIDGE_MUON_NS_PRECISION = "bf16"
 def bridge_optimizer(optimizer: str, model: str) -> OptimizerConfig:
     """The optimizer section of a perf recipe: Bridge's settings, with our fixes (momentum 0.95, TP mode
     duplicated, weight decay as set)."""
-    check_choice("optimizer", optimizer, OPTIMIZERS)
+    spec = spec_named(optimizer)
     # Megatron-Core orthogonalizes the fused gate/up (linear_fc1) as one matrix and has no skip-step for bf16: the
-    # megatron backend's mapping refuses split_gate_up=True and nonfinite='skip', so these recipes say so.
-    if optimizer == "muon":
-        return MuonConfig(ns_precision=BRIDGE_MUON_NS_PRECISION, **MEGATRON_MUON_DEFAULTS)
-    if optimizer == "adamw":
-        return AdamWConfig(eps=BRIDGE_ADAM_EPS[model])
-    return SoapConfig(nonfinite="raise")
+    # megatron backend's mapping refuses split_gate_up=True and nonfinite='skip', so the registry entry's
+    # recipe_defaults say so; Bridge's NS precision and Adam eps where the config has those fields.
+    values = dict(spec.megatron.recipe_defaults)
+    fields = {f.name for f in dataclasses.fields(spec.config_class) if f.init}
+    if "ns_precision" in fields:
+        values["ns_precision"] = BRIDGE_MUON_NS_PRECISION
+    if spec.matrix is None:
+        values["eps"] = BRIDGE_ADAM_EPS[model]
+    return spec.config_class(**values)
 
 
 def check_layout(recipe: TrainingRecipe) -> None:
@@ -96,7 +99,7 @@ def bridge_perf_recipe(
         precision=PrecisionConfig(kind=precision),
         checkpoint=CheckpointConfig(save_interval=0),
         backend="megatron",
-        layerwise=optimizer != "adamw",
+        layerwise=spec_named(optimizer).matrix is not None,
         env=perf_env(gpu, tp=row.tp, cp=row.cp, ep=row.ep, hybrid_ep=row.moe_flex_dispatcher_backend == "hybridep",
                      cudnn_norm=row.cudnn_norm and precision == "mxfp8"),
     )

@@ -22,6 +22,7 @@ from nemo_muon.config.recipe import (
     TrainingRecipe,
 )
 from nemo_muon.models.specs import TINY_KIMI_K2, TINY_QWEN3_MOE, ModelSpec
+from nemo_muon.registry.normuon import NorMuonConfig
 
 TINY_LR = 6e-3
 """Peak learning rate shared by AdamW and Muon (match_rms_adamw): AdamW's best of {1e-3, 3e-3, 6e-3} on both tiny
@@ -72,6 +73,15 @@ def tiny_kimi_k2_adamw() -> TrainingRecipe:
 def tiny_kimi_k2_soap() -> TrainingRecipe:
     """Tiny Kimi K2 (DeepseekV3) with layer-wise SOAP on 2 CPU ranks."""
     return _tiny_base("tiny_kimi_k2_soap", TINY_KIMI_K2, SoapConfig(lr=TINY_LR, weight_decay=TINY_WEIGHT_DECAY))
+
+
+@recipe
+def tiny_kimi_k2_normuon() -> TrainingRecipe:
+    """Tiny Kimi K2 (DeepseekV3) with layer-wise NorMuon (Muon + row-wise second moment) on 2 CPU ranks: Muon's
+    settings, so it differs from tiny_kimi_k2_muon by the update only."""
+    muon = _muon()
+    return _tiny_base("tiny_kimi_k2_normuon", TINY_KIMI_K2, NorMuonConfig(lr=muon.lr, weight_decay=muon.weight_decay,
+                                                                           scale_mode=muon.scale_mode))
 
 
 @recipe

@@ -149,7 +149,12 @@ def test_bench_dry_run_prints_muon_then_its_baseline_on_the_same_layout(tmp_path
     for part in (first, second):
         assert "#SBATCH --nodes=64" in part and "trainer.max_steps=20" in part
     bad = CliRunner().invoke(main, ["bench", "--recipe", "kimi_k2_adamw", "--dry-run"])
-    assert bad.exit_code == 2 and "must name a Muon or SOAP recipe" in bad.output
+    assert bad.exit_code == 2 and "must name a recipe of a matrix optimizer" in bad.output
+    # the optimizer is a whole token of the name, the longest registered name first
+    normuon = CliRunner().invoke(main, ["bench", "--recipe", "tiny_kimi_k2_normuon", "--executor", "local",
+                                        "--dry-run", f"logging.root={tmp_path}"])
+    assert normuon.exit_code == 0, normuon.output
+    assert "# recipe tiny_kimi_k2_adamw " in normuon.stdout.split("# then (after it, on the same layout):")[1]
 
 
 def test_job_entry_takes_ranks_from_slurm_tasks_and_records_masked_env() -> None:

@@ -105,7 +105,8 @@ def test_recipe_validate_catches_mutation_after_construction():
 
 
 def test_recipe_rejects_a_non_optimizer_section():
-    with pytest.raises(ValueError, match="recipe.optimizer must be a MuonConfig, SoapConfig or AdamWConfig"):
+    with pytest.raises(ValueError, match=r"recipe.optimizer must be an optimizer config \(nemo_muon.registry lists "
+                                         r"them\); got dict"):
         TrainingRecipe(name="r", model=KIMI_K2, optimizer={"lr": 1e-3})
 
 

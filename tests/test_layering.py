@@ -33,18 +33,21 @@ ALLOWED: dict[str, frozenset[str]] = {
     "versions": _BASE,
     "models": _BASE,
     "config": _BASE | {"models"},
-    "accounting": _BASE | {"config", "models"},
+    # the optimizer registry: which optimizer a config is, and the one cost model of a matrix update
+    "registry": _BASE | {"config"},
+    "accounting": _BASE | {"config", "models", "registry"},
     # the optimizers and the engine
-    "optim": _BASE | {"config", "models", "accounting"},
-    "layerwise": _BASE | {"config", "models", "accounting", "optim"},
-    "reporting": _BASE | {"config", "models", "accounting"},
+    "optim": _BASE | {"config", "models", "accounting", "registry"},
+    "layerwise": _BASE | {"config", "models", "accounting", "optim", "registry"},
+    "reporting": _BASE | {"config", "models", "accounting", "registry"},
     # the two training backends, side by side (neither imports the other)
-    "megatron": _BASE | {"config", "models", "accounting", "optim", "layerwise", "versions"},
-    "train": _BASE | {"config", "models", "accounting", "optim", "layerwise", "reporting"},
+    "megatron": _BASE | {"config", "models", "accounting", "optim", "layerwise", "versions", "registry"},
+    "train": _BASE | {"config", "models", "accounting", "optim", "layerwise", "reporting", "registry"},
     # the one validation of a run, then the recipes: config types, the registry, the backends' entry points
-    "run_checks": _BASE | {"config", "models", "accounting", "megatron.recipe_rules", "train.recipe_rules"},
+    "run_checks": _BASE | {"config", "models", "accounting", "registry", "megatron.recipe_rules",
+                           "train.recipe_rules"},
     "recipes": _BASE | {
-        "config", "models", "secret_policy", "run_checks",
+        "config", "models", "secret_policy", "run_checks", "registry",
         "accounting.layout",  # the layout every recipe is validated against
         "megatron.bridge_presets", "megatron.optimizer_config",  # Bridge's presets and Megatron's Muon defaults
         "megatron.bridge", "megatron.nemo2", "train.pretrain",  # the backends' entry points (called lazily)

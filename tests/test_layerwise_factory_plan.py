@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from nemo_muon.accounting.ownership import ns_cost, soap_cost
 from nemo_muon.config.optimizer import MuonConfig
 from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer
 from nemo_muon.layerwise.plan_items import engine_plan
 from nemo_muon.optim.muon import Muon
 from nemo_muon.optim.soap import SOAP
+from nemo_muon.registry.cost import ns_cost, soap_cost
 from tests.distributed import run_distributed
 from tests.test_layerwise_optimizer import make_model, params_of, portable, tensors, train
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer
+from nemo_muon.registry.normuon import NorMuonConfig
 from tests.distributed import run_distributed
 
 VOCAB, DIM, HIDDEN, LAYERS, BATCH, SEQ = 32, 16, 24, 2, 8, 6
@@ -162,7 +163,7 @@ def _equivalence_body(rank: int, world: int, group: Any, cfgs: list[Any]) -> dic
 
 def _configs() -> list[Any]:
     return [MuonConfig(lr=2e-2, weight_decay=0.1), SoapConfig(lr=1e-2, weight_decay=0.1, eps=1e-4),
-            AdamWConfig(lr=1e-2, weight_decay=0.1)]
+            AdamWConfig(lr=1e-2, weight_decay=0.1), NorMuonConfig(lr=2e-2, weight_decay=0.1)]
 
 
 def max_rel_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
@@ -187,7 +188,7 @@ def test_matches_single_process_optimizer(world: int) -> None:
     norm is a sum of per-rank partial sums (torch's clip_grad_norm_: a norm of per-tensor norms), so the clip
     factor differs in its last bits and the clipped run is held to the reordering spread too (measured at DP=2:
     Muon 1.2e-6 against a 3.2e-6 spread on this CPU, within 1e-6 on the CPU of earlier CI runs)."""
-    cfgs = _configs() if world == 2 else _configs()[:2]  # AdamW at DP=2 only (budget)
+    cfgs = _configs() if world == 2 else _configs()[:2]  # AdamW and NorMuon at DP=2 only (budget)
     results = tensors(run_distributed(_equivalence_body, world_size=world, args=(cfgs,), timeout_s=150))
     for cfg in cfgs:
         want, _ = reference_run(cfg, world)

@@ -15,14 +15,13 @@ from nemo_muon.accounting.model_ownership import KIMI_K2_BRIDGE_LAYERS, compare_
 from nemo_muon.accounting.ownership import (
     PlanItem,
     lpt_assign,
-    ns_cost,
     ping_pong_assign,
     plan_ownership,
     round_robin_assign,
-    soap_cost,
 )
 from nemo_muon.models.matrices import matrix_params
 from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
+from nemo_muon.registry.cost import ns_cost, soap_cost
 
 
 @pytest.mark.parametrize("shape", [(4, 8), (8, 4), (7168, 8192), (384, 7168), (1, 5)])

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import types
+
 import pytest
 from megatron.core.optimizer import OptimizerConfig as MCoreOptimizerConfig
 from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon, _kwargs_from_config
@@ -89,6 +92,35 @@ def test_unhonourable_settings_are_refused(opt, match):
         to_megatron_optimizer_config(opt)
 
 
+def test_engine_nemo_muon_builds_from_our_config_never_from_megatrons_copy():
+    """Hyperparameters are stated once: Megatron's config shows ours (for its validation and log), but the optimizer
+    inside Megatron takes its keyword arguments from our validated config; only lr and weight decay come from
+    Megatron's config, where frameworks and Megatron's scheduler set them."""
+    import torch
+
+    from nemo_muon.megatron.registration import engine_class_of, engine_kwargs
+    from nemo_muon.registry import spec_for
+    from nemo_muon.registry.normuon import NorMuonConfig
+
+    class Chunk(torch.nn.Module):  # a model chunk: named parameters and Megatron's TransformerConfig fields
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = types.SimpleNamespace(num_attention_heads=4, num_query_groups=2, kv_channels=8)
+            self.linear_proj = torch.nn.Linear(8, 8, bias=False)
+
+    ours = NorMuonConfig(lr=2e-4, momentum=0.9, ns_steps=7, coefficients="polar_express", beta2=0.8,
+                         **MEGATRON_MUON)
+    cfg, _ = to_megatron_optimizer_config(dataclasses.replace(ours, coefficients="quintic"))
+    cfg.muon_momentum, cfg.muon_num_ns_steps, cfg.lr = 0.5, 3, 1e-3  # a framework changed Megatron's copy
+    chunk = Chunk()
+    kwargs = engine_kwargs(ours, cfg, [chunk], types.SimpleNamespace(tp=None, expt_tp=None))
+    assert (kwargs["momentum"], kwargs["ns_steps"], kwargs["coefficients"], kwargs["beta2"]) == (
+        0.9, 7, "polar_express", 0.8)
+    assert kwargs["lr"] == 1e-3 and kwargs["nonfinite"] == "raise" and "linear_qkv" in kwargs["fused_layouts"]
+    optimizer = engine_class_of(spec_for(ours))([{"params": [chunk.linear_proj.weight]}], **kwargs)
+    assert type(optimizer).__name__ == "MegatronNorMuon" and optimizer.param_groups[0]["momentum"] == 0.9
+
+
 def test_nonfinite_skip_maps_for_our_engine_only():
     """Engine 'nemo_muon' skips a non-finite step on every rank (`nemo_muon.megatron.nonfinite`); Megatron's own
     Muon has no skip-step in bf16, so there the policy is refused above."""
@@ -108,4 +140,4 @@ def test_nemo2_without_nemo_names_what_it_needs():
 
     assert importlib.util.find_spec("nemo") is None, "the CPU dev environment must not have NeMo"
     with pytest.raises(ImportError, match=r"needs NeMo 2.7 with its LLM collection .*No module named 'nemo'"):
-        nemo_muon.megatron.nemo2.Muon  # noqa: B018
+        nemo_muon.megatron.nemo2.muon_with_cosine_annealing  # noqa: B018

@@ -110,14 +110,21 @@ def test_the_image_build_check_refuses_a_stack_that_cannot_run_the_required_opti
 
 
 @pytest.mark.parametrize("checkpoint", [dict(save_interval=100), dict(resume=True)])
-def test_soap_on_megatron_with_checkpoints_is_refused_when_the_recipe_is_built(checkpoint):
-    from nemo_muon.config.recipe import CheckpointConfig
+@pytest.mark.parametrize("optimizer, label", [("soap", "SOAP"), ("normuon", "NorMuon")])
+def test_engine_state_megatron_cannot_save_is_refused_with_checkpoints_when_the_recipe_is_built(checkpoint, optimizer,
+                                                                                               label):
+    """SOAP's factors and NorMuon's row-wise moments are not shaped like their parameters (registry:
+    ``megatron.dist_checkpoint=False``): with checkpoints, every entry point's validation refuses the recipe."""
+    from nemo_muon.recipes.overrides import apply_overrides
 
-    soap = get_recipe("kimi_k2_soap")
-    with pytest.raises(ValueError, match="nemo-muon's SOAP inside Megatron cannot go through Megatron's "
+    from nemo_muon.config.recipe import CheckpointConfig
+    from nemo_muon.run_checks import check_run
+
+    recipe = apply_overrides(get_recipe("kimi_k2_muon"), [f"optimizer={optimizer}"])
+    with pytest.raises(ValueError, match=f"nemo-muon's {label} inside Megatron cannot go through Megatron's "
                                          "dist_checkpointing yet"):
-        soap.replace(checkpoint=CheckpointConfig(**checkpoint))
-    soap.replace(checkpoint=CheckpointConfig(save_interval=0))  # without checkpoints it is fine
+        check_run(recipe.replace(checkpoint=CheckpointConfig(**checkpoint)))
+    check_run(recipe.replace(checkpoint=CheckpointConfig(save_interval=0)))  # without checkpoints it is fine
 
 
 def test_emerging_optimizers_older_than_ours_needs_stops_our_muon_only():

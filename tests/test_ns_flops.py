@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from nemo_muon.accounting.ns_count import matrix_ns_flops, ns_flops, ns_flops_per_tp_rank, spec_partition_dim
-from nemo_muon.accounting.ownership import ns_cost
 from nemo_muon.models.matrices import ParamInfo, matrix_params
 from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B, TINY_KIMI_K2, TINY_QWEN3_MOE
+from nemo_muon.registry.cost import ns_cost
 
 
 def test_one_matrix_equals_the_formula_on_its_short_side():

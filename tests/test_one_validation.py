@@ -43,6 +43,7 @@ BAD: list[tuple[str, str, str]] = [
     ("kimi_k2_muon", "optimizer.engine=megatron optimizer.nonfinite=skip",
      "muon.nonfinite='skip' cannot be honoured by Megatron-Core"),
     ("kimi_k2_muon", "optimizer.tp_mode=auto", "muon.tp_mode (Megatron-Core) must be one of ('duplicated',"),
+    ("kimi_k2_muon", "optimizer.adamw_lr=0.001", "muon.adamw_lr=0.001 cannot be honoured by Megatron-Core"),
     ("kimi_k2_muon", "model.vocab_size=1", "model[kimi_k2].vocab_size must be an integer >= 2; got 1"),
     ("kimi_k2_muon", "model.hidden_size=7168", None),  # unchanged: accepted (control)
     ("kimi_k2_muon", "model.num_layers=60", "model.num_layers must stay 61 for the megatron backend"),

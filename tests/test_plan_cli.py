@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from nemo_muon.launchers.plan import plan
 from nemo_muon.recipes import get_recipe, list_recipes
 
+from nemo_muon.registry import spec_named
+
 REQUIRED_KEYS = {"recipe", "world_size", "parallelism", "model_flops_per_step", "ns_flops_per_step",
                  "ns_flops_per_rank_max", "ns_flops_per_rank_mean", "ns_imbalance", "optimizer_state_bytes_per_rank",
                  "param_gather_bytes_per_step", "counting_rule"}
@@ -32,7 +34,8 @@ def test_every_shipped_recipe_plans_as_one_json_object():
         recipe = get_recipe(name)
         assert out["recipe"] == name and out["world_size"] == recipe.world_size
         assert out["model_flops_per_step"] > 0
-        assert (out["ns_flops_per_step"] > 0) == (out["optimizer"] == "muon")
+        matrix = spec_named(out["optimizer"]).matrix
+        assert (out["ns_flops_per_step"] > 0) == (matrix is not None and matrix.newton_schulz)
 
 
 def test_human_output_and_measured_step_time():

@@ -24,6 +24,7 @@ from nemo_muon.recipes.resolved import (
     write_document,
 )
 
+from nemo_muon.registry import names
 from nemo_muon.secret_policy import is_secret_value
 
 OVERRIDES = ["trainer.max_steps=77", "optim.lr=1.5e-4", "trainer.seed=7", "env.NM_DOC_CHECK=on",
@@ -86,7 +87,7 @@ def _damaged(change) -> dict:
     (lambda d: d["recipe"]["optimizer"].update(adamw_betas=[0.9]),
      "recipe.optimizer.adamw_betas must be a list of 2 values; got [0.9]"),
     (lambda d: d["recipe"]["optimizer"].update(name="lion"),
-     "recipe.optimizer.name must be one of ('muon', 'soap', 'adamw'); got 'lion'"),
+     f"recipe.optimizer.name must be one of {names()}; got 'lion'"),
     (lambda d: d["recipe"]["optimizer"].update(betas=[0.9, 0.95]), "recipe.optimizer.betas is not a field of MuonConfig"),
     (lambda d: d["recipe"]["optimizer"].update(coefficients="cubic"),
      "recipe.optimizer.coefficients must be one of ('simple', 'quintic', 'polar_express'); got 'cubic'"),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_muon.accounting.ns_count import ns_flop_terms
+from nemo_muon.registry.cost import ns_flop_terms
 
 SYRK_CAPABILITIES: tuple[tuple[int, int], ...] = ((8, 0), (9, 0), (10, 0), (10, 3))
 """GPU architectures emerging-optimizers validates its Triton SYRK kernel (``tsyrk_ex``) on (A100, H100/H200,

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from nemo_muon._validation import check_choice, check_positive_int, fail
 from nemo_muon.config.optimizer import TP_MODES
 from nemo_muon.models.matrices import ParamInfo
-
-NS_ALGORITHMS: tuple[str, ...] = ("standard", "gram")
+from nemo_muon.registry.cost import ns_flop_terms
 
 _COLUMN_PARALLEL = ("linear_fc1", "linear_qkv", "linear_q_up_proj", "linear_kv_up_proj", "linear_q_proj",
                     "word_embeddings", "output_layer")
@@ -39,22 +38,6 @@ def _short_long(shape: Sequence[int]) -> tuple[int, int]:
         raise fail("shape", tuple(shape), "a 2-D shape of positive integers (m, n)")
     m, n = sorted(shape)
     return m, n
-
-
-def ns_flop_terms(m: int, n: int, steps: int, *, syrk: bool = False, algorithm: str = "standard") -> tuple[int, int]:
-    """NS FLOPs of an (m, n) matrix whitened on its m side, as (terms in m²n, terms in m³): the one place the
-    Newton–Schulz FLOP formula is written (the counting rule, the TP-mode split and the ownership cost add these).
-
-    standard: steps x (X·Xᵀ 2m²n + B·X 2m²n, A·A 2m³); with ``syrk`` X·Xᵀ and A·A compute one triangle (m²n, m³).
-    gram: X·Xᵀ and Q·X once (4m²n), per step the polynomial (2m³), Z·Q (2m³, not on the first step) and Z·R·Z
-    (4m³, not on the last): 2m³·(4·steps − 3).
-    """
-    check_choice("algorithm", algorithm, NS_ALGORITHMS)
-    if algorithm == "gram":
-        return 4 * m * m * n, 2 * m**3 * (4 * steps - 3)
-    if syrk:
-        return steps * 3 * m * m * n, steps * m**3
-    return steps * 4 * m * m * n, steps * 2 * m**3
 
 
 def matrix_ns_flops(shape: Sequence[int], steps: int = 5, *, syrk: bool = False, algorithm: str = "standard") -> float:

@@ -1,13 +1,10 @@
 """Ownership plan of the layer-wise distributed optimizer: which data-parallel rank updates which whole tensor.
 
 Torch-free: the engine (``nemo_muon.layerwise``), Megatron's layer-wise optimizer (``nemo_muon.megatron.ownership``),
-the stage plans (``model_ownership``) and the planner use it. The cost model and the assignment rules:
+the stage plans (``model_ownership``) and the planner use it. The items' costs come from the one cost model of a
+matrix update, ``nemo_muon.registry.cost`` (``ns_cost``, ``soap_cost``, asked through each optimizer's registry
+entry); the assignment rules:
 
-- ``ns_cost(shape)``: FLOPs of ``steps`` Newton–Schulz iterations on one matrix transposed to its short side
-  (m <= n), the counting rule of ``ns_count.ns_flop_terms``: 5 quintic steps cost 20m²n + 10m³ with GEMMs
-  (15m²n + 5m³ when X·Xᵀ and A·A use SYRK). A 3-D stack (E, m, n) costs E times one matrix.
-- ``soap_cost(shape)``: SOAP's per-step matrix work (Kronecker factor updates, rotations in and out of the
-  eigenbasis) plus one eigenbasis refresh (power iteration + QR) every ``precondition_frequency`` steps.
 - ``lpt_assign``: longest-processing-time-first: items by cost descending (ties by index), each to the
   least-loaded bin (ties by bin index). Deterministic, so every rank computes the same plan with no communication.
 - Baselines: ``round_robin`` (KellerJordan/Muon: sort by shape descending, item k to rank k mod N) and
@@ -34,46 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nemo_muon._validation import check_choice, check_positive_int, fail
-from nemo_muon.accounting.ns_count import ns_flop_terms
 from nemo_muon.accounting.ns_split import SplitOption
 
 Method = Literal["lpt", "round_robin", "ping_pong"]
 METHODS: tuple[str, ...] = ("lpt", "round_robin", "ping_pong")
-
-
-def _dims(shape: Sequence[int]) -> tuple[int, ...]:
-    dims = tuple(int(d) for d in shape)
-    if any(d < 0 for d in dims):
-        raise fail("shape", tuple(shape), "a sequence of non-negative integers")
-    return dims
-
-
-def ns_cost(shape: Sequence[int], steps: int = 5, *, syrk: bool = False) -> float:
-    """Newton–Schulz FLOPs of one matrix (or of every matrix of a 3-D+ stack); 0 for 0-D/1-D shapes.
-
-    20m²n + 10m³ for 5 steps on an (m, n) matrix with m <= n (GEMMs); 15m²n + 5m³ with ``syrk``.
-    """
-    check_positive_int("steps", steps)
-    dims = _dims(shape)
-    if len(dims) < 2:
-        return 0.0
-    batch = math.prod(dims[:-2])
-    m, n = sorted(dims[-2:])
-    return float(batch * sum(ns_flop_terms(m, n, steps, syrk=syrk)))
-
-
-def soap_cost(shape: Sequence[int], precondition_frequency: int = 1) -> float:
-    """SOAP FLOPs per step of one (m, n) matrix: factor updates G·Gᵀ and Gᵀ·G (2m²n + 2mn²), rotations into and
-    out of the eigenbasis (4m²n + 4mn²), and every ``precondition_frequency`` steps one power iteration + QR per
-    factor (~ (2 + 4/3)(m³ + n³)). 0 for 0-D/1-D shapes; a 3-D stack costs its batch size times one matrix."""
-    check_positive_int("precondition_frequency", precondition_frequency)
-    dims = _dims(shape)
-    if len(dims) < 2:
-        return 0.0
-    batch = math.prod(dims[:-2])
-    m, n = dims[-2:]
-    per_step = 6 * m * n * (m + n) + (10.0 / 3.0) * (m**3 + n**3) / precondition_frequency
-    return float(batch * per_step)
 
 
 def lpt_assign(costs: Sequence[float], num_bins: int, *, initial_loads: Sequence[float] | None = None) -> list[int]:

@@ -18,17 +18,18 @@ Torch-free. What it models (docs/flops.md has the rules and the arithmetic):
   ``CostModel.split_gather_update``); ``ns_split`` reports that plan's figures (split matrices, extra bytes per
   rank, the pipeline layout's bound on the global max/mean) and, for a recipe without a target, what a split at
   the default target would give, marked ``executed: false``.
-- Optimizer state = fp32 master weights + optimizer moments per rank (bf16 weights and gradients are the same for
-  every optimizer and left out): AdamW 12 B/param sharded over dp·cp (experts over edp) like Megatron's
-  distributed optimizer; Muon 8 B (master + momentum) per element of the matrices a rank owns, AdamW's 12 B for the
-  rest; SOAP 4 B x (master + 2 moments + 2 Kronecker factors + 2 eigenbases) for owned matrices.
+- Optimizer state = fp32 master weights + optimizer state per rank (bf16 weights and gradients are the same for
+  every optimizer and left out), for every optimizer of the registry (``nemo_muon.registry``): an element-wise one
+  (AdamW) 12 B/param sharded over dp·cp (experts over edp) like Megatron's distributed optimizer; a matrix one
+  4 B x (master + ``spec.matrix.state_elements``) per owned matrix (Muon: + momentum; SOAP: + moments, Kronecker
+  factors and eigenbases; per fused part when its update runs per part), AdamW's 12 B for the rest.
 - Param gather = bf16 bytes one rank receives per step to refresh the parameters it does not update itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_muon.accounting.gpu_peaks import gpu_peak, known_gpus, peak_precision_of, throughput
@@ -38,10 +39,14 @@ from nemo_muon.accounting.model_ownership import CostModel, StagePlan, StageTens
 from nemo_muon.accounting.ns_count import matrix_ns_flops
 from nemo_muon.accounting.ns_split import DEFAULT_BALANCE_TARGET
 from nemo_muon.accounting.ownership import max_over_mean
-from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.matrices import is_moe_layer, layer_params, param_counts
 from nemo_muon.models.specs import ModelSpec
+from nemo_muon.registry import OptimizerSpec, spec_for, specs
+from nemo_muon.registry.cost import FP32_BYTES
+
+ADAMW_STATE_ELEMENTS = 3
+"""An element-wise (Adam-family) optimizer's fp32 elements per parameter: master, first and second moment."""
 
 COUNTING_RULE = (
     "model: Megatron num_floating_point_operations (6 FLOPs per weight per token, top-k routed experts, causal "
@@ -56,14 +61,30 @@ class _Rank:
     ns: float = 0.0
     numel: int = 0
     owned_hidden: int = 0
-    owned_soap: int = 0
+    owned_state: dict[str, int] = field(default_factory=dict)
+    """Matrix optimizer name -> state elements (besides masters) of the matrices this rank owns."""
     adam_share: float = 0.0
     """Elements of AdamW-updated params this rank updates (element-sharded)."""
 
 
-def _soap_elems(t: StageTensor) -> int:
-    """SOAP state elements (moments + Kronecker factors + eigenbases) of a tensor's NS matrices."""
-    return sum(3 * m * n + 2 * (m * m + n * n) for m, n in t.parts)
+def _matrix_specs() -> tuple[OptimizerSpec, ...]:
+    """The matrix optimizers whose state the plan compares (every registered one)."""
+    return tuple(s for s in specs() if s.matrix is not None)
+
+
+def _state_elements(t: StageTensor) -> dict[str, int]:
+    """State elements of a hidden tensor under each matrix optimizer: its parts' or the whole tensor's."""
+    out = {}
+    for spec in _matrix_specs():
+        m = spec.matrix
+        out[spec.name] = (sum(m.state_elements(part) for part in t.parts) if m.per_part
+                          else m.state_elements(t.item.shape))
+    return out
+
+
+def _add(into: dict[str, int], more: dict[str, int]) -> None:
+    for k, v in more.items():
+        into[k] = into.get(k, 0) + v
 
 
 def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool, split_held_whole: bool = False) -> list[_Rank]:
@@ -76,9 +97,10 @@ def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool, split_held_whol
     dense = [t for t in sp.tensors if t.ep_rank is None]
     dense_numel = sum(t.item.numel for t in dense)
     dense_adam = sum(t.item.numel for t in dense if not t.hidden)
-    d_numel, d_soap, d_ns = [0] * dpcp, [0] * dpcp, [0.0] * dpcp
+    d_numel, d_ns = [0] * dpcp, [0.0] * dpcp
+    d_state: list[dict[str, int]] = [{} for _ in range(dpcp)]
     e_numel = [[0] * edp for _ in range(ep)]
-    e_soap = [[0] * edp for _ in range(ep)]
+    e_state: list[list[dict[str, int]]] = [[{} for _ in range(edp)] for _ in range(ep)]
     e_ns = [[0.0] * edp for _ in range(ep)]
     e_held = [0] * ep
     e_adam = [0] * ep
@@ -97,30 +119,42 @@ def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool, split_held_whol
                 continue
             for b in [sp.plan.owners[t.item.name]] if layerwise else range(dpcp):
                 d_numel[b] += t.item.numel
-                d_soap[b] += _soap_elems(t)
+                _add(d_state[b], _state_elements(t))
                 d_ns[b] += t.item.cost
             continue
         e_held[t.ep_rank] += t.item.numel
         for k in [sp.expert_replica[t.item.name]] if layerwise else range(edp):
             e_numel[t.ep_rank][k] += t.item.numel
-            e_soap[t.ep_rank][k] += _soap_elems(t)
+            _add(e_state[t.ep_rank][k], _state_elements(t))
             e_ns[t.ep_rank][k] += t.item.cost
     ranks = []
     for r in range(tp * dpcp):
         b, e, k = r // tp, (r // etp) % ep, r // (etp * ep)
         ns = sp.gpu_flops[r] if layerwise else d_ns[b] + e_ns[e][k]
         ranks.append(_Rank(ns=ns, numel=dense_numel + e_held[e], owned_hidden=d_numel[b] + e_numel[e][k],
-                           owned_soap=d_soap[b] + e_soap[e][k], adam_share=dense_adam / dpcp + e_adam[e] / edp))
+                           owned_state=_merged(d_state[b], e_state[e][k]),
+                           adam_share=dense_adam / dpcp + e_adam[e] / edp))
     return ranks
 
 
+def _merged(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    out = dict(a)
+    _add(out, b)
+    return out
+
+
 def _optimizer_bytes(rank: _Rank, dense_numel: int, expert_numel: int, layout: Layout) -> dict[str, float]:
+    """Optimizer-state bytes of this rank under every registered optimizer (module doc)."""
     dpcp = layout.dp * layout.cp
-    return {
-        "adamw": 12.0 * (dense_numel / dpcp + expert_numel / layout.edp),
-        "muon": 8.0 * rank.owned_hidden + 12.0 * rank.adam_share,
-        "soap": 4.0 * (rank.owned_hidden + rank.owned_soap) + 12.0 * rank.adam_share,
-    }
+    adam = float(FP32_BYTES * ADAMW_STATE_ELEMENTS)
+    out = {}
+    for spec in specs():
+        if spec.matrix is None:
+            out[spec.name] = adam * (dense_numel / dpcp + expert_numel / layout.edp)
+        else:
+            owned = rank.owned_hidden + rank.owned_state.get(spec.name, 0)
+            out[spec.name] = float(FP32_BYTES * owned) + adam * rank.adam_share
+    return out
 
 
 def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: str | None = None,
@@ -135,23 +169,23 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     layout = validate_layout(recipe, world_size, stage_layers)
     spec, opt, tr = recipe.model, recipe.optimizer, recipe.trainer
     gpu = recipe.system.gpu if gpu is None else gpu
-    is_muon = isinstance(opt, MuonConfig)
-    steps = opt.ns_steps if is_muon else 5
-    tp_mode = opt.tp_mode if is_muon else "duplicated"
-    split = {"split_gate_up": opt.split_gate_up, "split_qkv": opt.split_qkv} if is_muon else \
-        {"split_gate_up": True, "split_qkv": True}
+    opt_spec = spec_for(opt)
+    runs_ns = opt_spec.matrix is not None and opt_spec.matrix.newton_schulz  # NS-based: its load is planned
+    steps = opt.ns_steps if runs_ns else 5
+    tp_mode = opt.tp_mode if runs_ns else "duplicated"
+    split = opt_spec.matrix.routing(opt) if runs_ns else {"split_gate_up": True, "split_qkv": True}
     cost = CostModel(steps=steps, syrk=syrk, tp_mode=tp_mode, split_gather_update=recipe.backend == "megatron",
                      tensors="megatron" if recipe.backend == "megatron" else "hf", **split)
     ranks: list[_Rank] = []
     stage_imbalance: list[float] = []
     stage_max: list[float] = []
     stage_min: list[float] = []
-    target = opt.ns_split_target if is_muon and recipe.layerwise else None
+    target = opt.ns_split_target if runs_ns and opt_spec.matrix.splittable and recipe.layerwise else None
     split_target = target if target is not None else DEFAULT_BALANCE_TARGET
     split_loads: list[list[float]] = []
     split_plans: list[StagePlan] = []
-    opt_bytes: dict[str, float] = {"adamw": 0.0, "muon": 0.0, "soap": 0.0}
-    opt_name = "muon" if is_muon else ("soap" if isinstance(opt, SoapConfig) else "adamw")
+    opt_bytes: dict[str, float] = {spec.name: 0.0 for spec in specs()}
+    opt_name = opt_spec.name
     recipe_opt_bytes = 0.0
     gather_max = gather_total = 0.0
     for p in range(layout.pp):
@@ -160,7 +194,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
         stage = layerwise if recipe.layerwise else _stage_ranks(layout, sp, False)
         dense_numel = sum(t.item.numel for t in sp.tensors if t.ep_rank is None)
         expert_numel = sum(t.item.numel for t in sp.tensors if t.ep_rank == 0)
-        if is_muon and recipe.layerwise:
+        if runs_ns and opt_spec.matrix.splittable and recipe.layerwise:
             ssp = sp if target is not None else stage_plan(spec, layout, p, cost=cost, balance_target=split_target,
                                                            tensors=sp.tensors)
             split_plans.append(ssp)
@@ -171,7 +205,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
                 opt_bytes[k] = max(opt_bytes[k], v)
             own = _optimizer_bytes(rk, dense_numel, expert_numel, layout)[opt_name]
             recipe_opt_bytes = max(recipe_opt_bytes, own)
-            if isinstance(opt, AdamWConfig):  # Megatron's distributed optimizer: gather all but the own shard
+            if opt_spec.matrix is None:  # Megatron's distributed optimizer: gather all but the own shard
                 recv = dense_numel * (1 - 1 / (layout.dp * layout.cp)) + expert_numel * (1 - 1 / layout.edp)
             elif recipe.layerwise:  # everything but the owned matrices and the own AdamW shard
                 recv = rk.numel - rk.owned_hidden - rk.adam_share
@@ -179,13 +213,13 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
                 recv = 0.0
             gather_max = max(gather_max, 2.0 * recv)
             gather_total += 2.0 * recv
-        loads = [rk.ns if is_muon else 0.0 for rk in stage]
+        loads = [rk.ns if runs_ns else 0.0 for rk in stage]
         stage_imbalance.append(max_over_mean(loads))
         stage_max.append(max(loads))
         stage_min.append(min(loads))
         ranks += stage
-    useful = _useful_ns_flops(spec, split, steps, syrk) if is_muon else 0.0
-    loads = [rk.ns for rk in ranks] if is_muon else [0.0] * len(ranks)
+    useful = _useful_ns_flops(spec, split, steps, syrk) if runs_ns else 0.0
+    loads = [rk.ns for rk in ranks] if runs_ns else [0.0] * len(ranks)
     rank_max = max(loads)
     rank_mean = sum(loads) / len(loads)
     flops = model_flops_per_token(spec, tr.seq_length, tp=layout.tp)

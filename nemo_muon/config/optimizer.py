@@ -1,7 +1,9 @@
 """Optimizer configs: the single place where optimizer defaults live.
 
 Field names equal the keyword arguments of `nemo_muon.Muon` / `nemo_muon.SOAP` / `torch.optim.AdamW`, so
-`optimizer_kwargs()` is a plain copy; the Megatron-Core mapping lives in `nemo_muon.megatron`.
+`optimizer_kwargs()` is a plain copy; the Megatron-Core mapping lives in `nemo_muon.megatron`. Which optimizer a
+config is, and everything else the house needs to know of it, is its entry in `nemo_muon.registry`; an optimizer
+added later keeps its config in its registry file (e.g. ``nemo_muon/registry/normuon.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ def _check_betas(field: str, betas: tuple[float, float]) -> None:
 
 
 @dataclass(kw_only=True)
-class _BaseOptimizerConfig:
+class BaseOptimizerConfig:
+    """What every optimizer config has: lr, weight decay, its registry ``name``, validation at construction."""
+
     lr: float = 3e-4
     """Peak learning rate (the scheduler scales it)."""
     weight_decay: float = DEFAULT_WEIGHT_DECAY
@@ -67,7 +71,7 @@ class _BaseOptimizerConfig:
 
 
 @dataclass(kw_only=True)
-class MuonConfig(_BaseOptimizerConfig):
+class MuonConfig(BaseOptimizerConfig):
     """Muon for hidden matrices (orthogonalized momentum), AdamW inside the same optimizer for everything else."""
 
     momentum: float = 0.95
@@ -112,25 +116,26 @@ class MuonConfig(_BaseOptimizerConfig):
 
     def validate(self) -> None:
         super().validate()
-        check_range("muon.momentum", self.momentum, low=0.0, high=1.0, high_inclusive=False)
-        check_positive_int("muon.ns_steps", self.ns_steps, maximum=MAX_NS_STEPS)
-        check_choice("muon.coefficients", self.coefficients, COEFFICIENT_SETS)
-        check_choice("muon.scale_mode", self.scale_mode, SCALE_MODES)
-        check_range("muon.extra_scale_factor", self.extra_scale_factor, low=0.0, low_inclusive=False)
-        check_choice("muon.ns_precision", self.ns_precision, NS_PRECISIONS)
-        check_choice("muon.tp_mode", self.tp_mode, TP_MODES)
+        n = self.name
+        check_range(f"{n}.momentum", self.momentum, low=0.0, high=1.0, high_inclusive=False)
+        check_positive_int(f"{n}.ns_steps", self.ns_steps, maximum=MAX_NS_STEPS)
+        check_choice(f"{n}.coefficients", self.coefficients, COEFFICIENT_SETS)
+        check_choice(f"{n}.scale_mode", self.scale_mode, SCALE_MODES)
+        check_range(f"{n}.extra_scale_factor", self.extra_scale_factor, low=0.0, low_inclusive=False)
+        check_choice(f"{n}.ns_precision", self.ns_precision, NS_PRECISIONS)
+        check_choice(f"{n}.tp_mode", self.tp_mode, TP_MODES)
         if self.adamw_lr is not None:
-            check_range("muon.adamw_lr", self.adamw_lr, low=0.0, low_inclusive=False)
-        _check_betas("muon.adamw_betas", self.adamw_betas)
-        check_range("muon.adamw_eps", self.adamw_eps, low=0.0, low_inclusive=False)
-        check_choice("muon.nonfinite", self.nonfinite, NONFINITE_POLICIES)
-        check_choice("muon.engine", self.engine, MEGATRON_ENGINES)
+            check_range(f"{n}.adamw_lr", self.adamw_lr, low=0.0, low_inclusive=False)
+        _check_betas(f"{n}.adamw_betas", self.adamw_betas)
+        check_range(f"{n}.adamw_eps", self.adamw_eps, low=0.0, low_inclusive=False)
+        check_choice(f"{n}.nonfinite", self.nonfinite, NONFINITE_POLICIES)
+        check_choice(f"{n}.engine", self.engine, MEGATRON_ENGINES)
         if self.ns_split_target is not None:
-            check_range("muon.ns_split_target", self.ns_split_target, low=1.0)
+            check_range(f"{n}.ns_split_target", self.ns_split_target, low=1.0)
 
 
 @dataclass(kw_only=True)
-class SoapConfig(_BaseOptimizerConfig):
+class SoapConfig(BaseOptimizerConfig):
     """SOAP: Adam in the eigenbasis of Shampoo's Kronecker factors, AdamW for 1-D params and embeddings."""
 
     betas: tuple[float, float] = (0.9, 0.95)
@@ -157,7 +162,7 @@ class SoapConfig(_BaseOptimizerConfig):
 
 
 @dataclass(kw_only=True)
-class AdamWConfig(_BaseOptimizerConfig):
+class AdamWConfig(BaseOptimizerConfig):
     """The AdamW baseline (torch.optim.AdamW semantics)."""
 
     betas: tuple[float, float] = (0.9, 0.95)
@@ -171,4 +176,5 @@ class AdamWConfig(_BaseOptimizerConfig):
         check_range("adamw.eps", self.eps, low=0.0, low_inclusive=False)
 
 
-OptimizerConfig = MuonConfig | SoapConfig | AdamWConfig
+OptimizerConfig = BaseOptimizerConfig
+"""The type of a recipe's optimizer: any registered config (`nemo_muon.registry`)."""

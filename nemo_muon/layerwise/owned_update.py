@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import fail
-from nemo_muon.config.optimizer import MuonConfig
 from nemo_muon.layerwise.ownership import NamedParams, Ownership
 from nemo_muon.layerwise.plan_items import is_factory
+from nemo_muon.registry import spec_for
 
 
 class OwnedUpdate:
@@ -87,8 +87,9 @@ def _build_split_inners(optimizer: Any, own: Ownership,
     for n in names:
         if n in own.splits:
             by_group.setdefault(own.splits[n].group, []).append((n, own.masters[own.splits[n].key]))
-    if by_group and not isinstance(optimizer, MuonConfig):
-        raise fail("optimizer", type(optimizer).__name__, "a MuonConfig to split matrices (ns_split_target)")
+    if by_group and not getattr(spec_for(optimizer).matrix, "splittable", False):
+        raise fail("optimizer", type(optimizer).__name__, "an optimizer whose registry entry splits matrices "
+                   "(ns_split_target: Muon, NorMuon)")
     inners = [build_optimizer(optimizer, named, tp_group=g, tp_mode="distributed") for g, named in by_group.items()]
     inner_of = {own.splits[n].key: inner for inner, (_, named) in zip(inners, by_group.items(), strict=True)
                 for n, _ in named}

@@ -1,6 +1,6 @@
 """nemo_muon.megatron: the Megatron-Core / Megatron-Bridge / NeMo 2 backend.
 
-Submodules load on first attribute access (``nemo_muon.megatron.nemo2.Muon``), so importing the package needs none
+Submodules load on first attribute access (``nemo_muon.megatron.nemo2.muon_with_wsd``), so importing the package needs none
 of Megatron-Core, Bridge or NeMo:
 
 * `optimizer_config`: our optimizer configs -> Megatron-Core's `OptimizerConfig` (both API generations);

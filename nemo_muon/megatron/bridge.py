@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_muon.config.optimizer import AdamWConfig, OptimizerConfig
+from nemo_muon.config.optimizer import OptimizerConfig
 from nemo_muon.config.recipe import ParallelismConfig, TrainingRecipe
 from nemo_muon.megatron.bridge_presets import BRIDGE_PERF_LAYOUTS
 from nemo_muon.megatron.optimizer_config import (
@@ -37,6 +37,7 @@ from nemo_muon.megatron.optimizer_config import (
     megatron_optimizer_spec,
 )
 from nemo_muon.megatron.stack import check_recipe_bridge, optimizer_engine
+from nemo_muon.registry import spec_for
 from nemo_muon.versions import BRIDGE_HOOK, BRIDGE_PROVIDE, bridge_integration
 
 FULL_ITERATION_GRAPH = "full_iteration"
@@ -115,7 +116,7 @@ def bridge_recipe_kwargs(recipe: TrainingRecipe) -> dict[str, Any]:
     if recipe.data.kind == "indexed":
         kw["data_paths"] = [recipe.data.path]
     if recipe.model.name == "kimi_k2":
-        kw["optimizer_type"] = "adam" if isinstance(recipe.optimizer, AdamWConfig) else "muon"
+        kw["optimizer_type"] = "adam" if spec_for(recipe.optimizer).matrix is None else "muon"
     else:
         kw["expert_tensor_parallel_size"] = par.etp
     return kw
@@ -253,7 +254,7 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) 
     """
     _check_supported(recipe)
     par, tr, sch, opt = recipe.parallelism, recipe.trainer, recipe.scheduler, recipe.optimizer
-    is_adam = isinstance(opt, AdamWConfig)
+    is_adam = spec_for(opt).matrix is None  # element-wise: Megatron's distributed optimizer
     out: dict[str, dict[str, Any]] = _perf_model_fields(recipe, bridge_knobs) if bridge_knobs is not None else {}
 
     def merge(section: str, values: dict[str, Any]) -> None:

@@ -17,23 +17,25 @@ from typing import Any
 
 from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
 
-from nemo_muon.config.optimizer import MuonConfig, SoapConfig
+from nemo_muon.config.optimizer import OptimizerConfig
+from nemo_muon.registry import is_registered, spec_for
 
 
 @dataclass
 class EngineOptimizerConfig(BridgeOptimizerConfig):
     """Bridge's `OptimizerConfig` whose ``provide`` builds engine 'nemo_muon' (``engine_config``: the recipe's
-    `MuonConfig` / `SoapConfig`, validated when it was made)."""
+    matrix optimizer config (Muon, SOAP, NorMuon, ...: `nemo_muon.registry`), validated when it was made)."""
 
-    engine_config: MuonConfig | SoapConfig | None = None
+    engine_config: OptimizerConfig | None = None
 
     def provide(self, model_chunks: Any, config_overrides: Any = None, use_gloo_process_groups: bool = False,
                 pg_collection: Any = None) -> Any:
         """The optimizer Bridge's setup_optimizer asks for: ours inside Megatron's layer-wise optimizer."""
         from nemo_muon.megatron.build import build_engine, mpu_process_groups
 
-        if not isinstance(self.engine_config, MuonConfig | SoapConfig):
-            raise ValueError(f"EngineOptimizerConfig.engine_config must be a MuonConfig or SoapConfig; got "
+        if not is_registered(self.engine_config) or spec_for(self.engine_config).matrix is None:
+            raise ValueError(f"EngineOptimizerConfig.engine_config must be a registered matrix optimizer's config "
+                             f"(nemo_muon.registry: Muon, SOAP, NorMuon, ...); got "
                              f"{type(self.engine_config).__name__}")
         if pg_collection is None:  # Bridge passes none unless dist.use_decentralized_pg; Megatron's groups are set up
             pg_collection = mpu_process_groups()
@@ -41,7 +43,7 @@ class EngineOptimizerConfig(BridgeOptimizerConfig):
         return build_engine(self.engine_config, self, chunks, pg_collection, config_overrides=config_overrides)
 
 
-def engine_optimizer_config(ours: MuonConfig | SoapConfig, megatron_kwargs: dict[str, Any]) -> EngineOptimizerConfig:
+def engine_optimizer_config(ours: OptimizerConfig, megatron_kwargs: dict[str, Any]) -> EngineOptimizerConfig:
     """`EngineOptimizerConfig` with the Megatron fields ``megatron_kwargs`` (our mapping's) and ``ours``."""
     fields = {f.name for f in dataclasses.fields(EngineOptimizerConfig)}
     unknown = sorted(set(megatron_kwargs) - fields)

@@ -34,7 +34,8 @@ from nemo_muon.megatron.optimizer_config import (
     ddp_flags,
     to_megatron_optimizer_config,
 )
-from nemo_muon.megatron.registration import contains_soap
+from nemo_muon.megatron.registration import unsaveable_optimizer
+from nemo_muon.registry import is_registered
 
 try:
     import nemo_run as run
@@ -62,11 +63,12 @@ class MegatronCoreOptimizer(McoreDistributedOptimizer):
 
     def sharded_state_dict(self, model_sharded_state_dict: Any, optimizer_state_dict: Any = None,
                            is_loading: bool = False, dist_ckpt_parallel_save: Any = None, **kwargs: Any) -> Any:
-        if contains_soap(self.mcore_optimizer):
+        label = unsaveable_optimizer(self.mcore_optimizer)
+        if label is not None:
             raise NotImplementedError(
-                "nemo-muon's SOAP inside Megatron cannot be saved with Megatron's dist_checkpointing yet (its Kronecker "
-                "factors are not shaped like their parameters, which Megatron's optimizer sharding requires); train "
-                "SOAP without checkpoints on the megatron backend, or use the torch backend")
+                f"{label} cannot be saved with Megatron's dist_checkpointing yet (its state is not shaped like its "
+                "parameters, which Megatron's optimizer sharding requires); train it without checkpoints on the "
+                "megatron backend, or use the torch backend")
         params = inspect.signature(self.mcore_optimizer.sharded_state_dict).parameters
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         accepted = {k: v for k, v in kwargs.items() if takes_any or k in params}
@@ -92,7 +94,7 @@ class EmergingOptimizerModule(MegatronOptimizerModule):
     """NeMo 2 optimizer module for nemo-muon's optimizer configs on Megatron-Core (0.16 and 0.18+).
 
     Args:
-        optimizer: a `MuonConfig`, `SoapConfig` or `AdamWConfig` (validated at construction).
+        optimizer: a registered optimizer config (`nemo_muon.registry`: Muon, SOAP, AdamW, NorMuon, ...).
         lr_scheduler: a NeMo LR scheduler module (NeMo's recipes put one here; None keeps lr constant).
         grad_clip: global gradient-norm clip.
         min_lr: Megatron's ``min_lr`` field (the scheduler module has its own).
@@ -102,8 +104,8 @@ class EmergingOptimizerModule(MegatronOptimizerModule):
 
     def __init__(self, optimizer: OptimizerConfig, lr_scheduler: Any = None, grad_clip: float = 1.0,
                  min_lr: float | None = None, layerwise: bool = True, bf16: bool = True) -> None:
-        if not isinstance(optimizer, (MuonConfig, SoapConfig, AdamWConfig)):
-            raise ValueError(f"optimizer must be a MuonConfig, SoapConfig or AdamWConfig; got {optimizer!r}")
+        if not is_registered(optimizer):
+            raise ValueError(f"optimizer must be a registered optimizer config (nemo_muon.registry); got {optimizer!r}")
         config, self.spec = to_megatron_optimizer_config(optimizer, grad_clip=grad_clip, min_lr=min_lr,
                                                          layerwise=layerwise, bf16=bf16)
         super().__init__(config, lr_scheduler=lr_scheduler)
@@ -308,18 +310,8 @@ def adamw_with_cosine_annealing(
                    clip_grad, precision, layerwise=False)
 
 
-def Muon(lr: float, weight_decay: float = DEFAULT_WEIGHT_DECAY, **kwargs: Any) -> run.Config[EmergingOptimizerModule]:  # noqa: N802
-    """Shorthand: `muon_with_cosine_annealing` with ``max_lr=lr`` (a run.Config, like NeMo's optimizer recipes)."""
-    return muon_with_cosine_annealing(max_lr=lr, weight_decay=weight_decay, **kwargs)
-
-
-def SOAP(lr: float, weight_decay: float = DEFAULT_WEIGHT_DECAY, **kwargs: Any) -> run.Config[EmergingOptimizerModule]:  # noqa: N802
-    """Shorthand: `soap_with_cosine_annealing` with ``max_lr=lr``."""
-    return soap_with_cosine_annealing(max_lr=lr, weight_decay=weight_decay, **kwargs)
-
-
 __all__ = [
-    "SOAP", "EmergingOptimizerModule", "MegatronCoreOptimizer", "Muon", "adamw_with_cosine_annealing",
+    "EmergingOptimizerModule", "MegatronCoreOptimizer", "adamw_with_cosine_annealing",
     "apply_param_group_multipliers",
     "muon_with_cosine_annealing", "muon_with_wsd", "soap_with_cosine_annealing", "soap_with_wsd",
 ]

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_muon._validation import check_choice
-from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.config.optimizer import MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.registry import resolve, spec_for, spec_named
 
 API_016 = "0.16"
 API_018 = "0.18+"
@@ -44,9 +45,9 @@ BUILDER_NEMO_MUON = "nemo_muon"
 Megatron's layer-wise optimizer); the others name Megatron-Core's own builder functions."""
 LEGACY_COEFFICIENTS = "quintic"
 """0.16's TensorParallelMuon always uses the quintic coefficient schedule (no config field)."""
-MEGATRON_MUON_DEFAULTS: dict[str, Any] = {"split_gate_up": False, "nonfinite": "raise"}
-"""The MuonConfig values Megatron-Core can honour where our defaults differ (the mapping refuses the others): fused
-gate/up (linear_fc1) orthogonalized as one matrix; non-finite grads raise (no skip-step)."""
+MEGATRON_MUON_DEFAULTS: dict[str, Any] = dict(spec_named("muon").megatron.recipe_defaults)
+"""The MuonConfig values Megatron-Core can honour where our defaults differ (Muon's registry entry, which the mapping
+refuses otherwise): fused gate/up (linear_fc1) orthogonalized as one matrix; non-finite grads raise (no skip-step)."""
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,21 @@ def _common(opt: OptimizerConfig, *, grad_clip: float, min_lr: float | None, bf1
     return kw
 
 
-def _muon(opt: MuonConfig, api: str, fields: Collection[str]) -> dict[str, Any]:
-    if opt.split_gate_up:
-        raise _refuse("muon.split_gate_up", True, "it orthogonalizes linear_fc1 (gate and up fused) as one matrix; "
-                      "set optimizer.split_gate_up=false for the megatron backend")
-    if opt.adamw_lr is not None:
-        raise _refuse("muon.adamw_lr", opt.adamw_lr, "its Adam part uses the Muon lr; set optimizer.adamw_lr=none")
+def _megatron_structure(opt: OptimizerConfig) -> None:
+    """What Megatron's structure refuses whichever engine updates the matrices (field-based: any Muon-family config)."""
+    if getattr(opt, "split_gate_up", False):
+        raise _refuse(f"{opt.name}.split_gate_up", True, "it orthogonalizes linear_fc1 (gate and up fused) as one "
+                      "matrix; set optimizer.split_gate_up=false for the megatron backend")
+    if getattr(opt, "adamw_lr", None) is not None:
+        raise _refuse(f"{opt.name}.adamw_lr", opt.adamw_lr, "its Adam part uses the matrix optimizer's lr; set "
+                      "optimizer.adamw_lr=none")
+
+
+def muon_fields(opt: MuonConfig, api: str, fields: Collection[str], *, engine: str,
+                **_: Any) -> tuple[dict[str, Any], str]:
+    """Muon's (and NorMuon's Muon part's) Megatron-Core fields, and the name Bridge dispatches on (the registry
+    entry's ``megatron.fields``). Written for either engine, so the config Megatron validates and logs says what runs;
+    engine 'nemo_muon' reads none of them back. A setting no field can say is refused on both engines."""
     check_choice("muon.tp_mode (Megatron-Core)", opt.tp_mode, MCORE_TP_MODES)
     scale_mode, extra = opt.scale_mode, opt.extra_scale_factor
     if scale_mode == "match_rms_adamw":
@@ -128,9 +138,6 @@ def _muon(opt: MuonConfig, api: str, fields: Collection[str]) -> dict[str, Any]:
         "muon_fp32_matmul_prec": NS_PRECISION_TO_MCORE[opt.ns_precision],
         "muon_tp_mode": opt.tp_mode,
         "muon_split_qkv": opt.split_qkv,
-        "adam_beta1": opt.adamw_betas[0],
-        "adam_beta2": opt.adamw_betas[1],
-        "adam_eps": opt.adamw_eps,
     }
     if api == API_018:
         kw["muon_nesterov"] = opt.nesterov
@@ -141,17 +148,18 @@ def _muon(opt: MuonConfig, api: str, fields: Collection[str]) -> dict[str, Any]:
         if opt.coefficients != LEGACY_COEFFICIENTS:
             raise _refuse("muon.coefficients", opt.coefficients,
                           f"megatron-core 0.16 always uses {LEGACY_COEFFICIENTS!r} (no coefficient field)")
-    if "decoupled_weight_decay" in fields:
-        kw["decoupled_weight_decay"] = True
-    return kw
+    return kw, "muon"
 
 
-def _soap(opt: SoapConfig, api: str, *, soap_has_precondition_frequency: bool) -> dict[str, Any]:
-    if opt.engine == ENGINE_NEMO_MUON:  # our SOAP honours every field; Megatron's config carries its betas only
-        kw = {"adam_beta1": opt.betas[0], "adam_beta2": opt.betas[1], "adam_eps": opt.eps}
-        if api == API_018:
-            kw.update(soap_shampoo_beta=opt.shampoo_beta, soap_precondition_frequency=opt.precondition_frequency)
-        return kw
+def soap_fields(opt: SoapConfig, api: str, fields: Collection[str], *, engine: str,
+                soap_has_precondition_frequency: bool = False, **_: Any) -> tuple[dict[str, Any], str]:
+    """SOAP's Megatron-Core fields (>= 0.18; 0.16 has none) and its name. Engine 'nemo_muon' honours every field
+    (written for the log, read back never); engine 'megatron' (emerging-optimizers' SOAP) refuses what it ignores."""
+    if engine == ENGINE_NEMO_MUON:
+        if api != API_018:
+            return {}, "soap"
+        return {"soap_shampoo_beta": opt.shampoo_beta, "soap_precondition_frequency": opt.precondition_frequency}, \
+            "soap"
     if api != API_018:
         raise _refuse("optimizer", "soap", "megatron-core 0.16 has Muon only; SOAP needs megatron-core >= 0.18")
     if opt.precondition_frequency != 1 and not soap_has_precondition_frequency:
@@ -160,12 +168,7 @@ def _soap(opt: SoapConfig, api: str, *, soap_has_precondition_frequency: bool) -
                       "soap_precondition_frequency; use 1")
     if opt.eps != SOAP_FIXED_EPS:
         raise _refuse("soap.eps", opt.eps, f"it passes no eps to SOAP, whose default is {SOAP_FIXED_EPS}")
-    return {
-        "adam_beta1": opt.betas[0],
-        "adam_beta2": opt.betas[1],
-        "soap_shampoo_beta": opt.shampoo_beta,
-        "soap_precondition_frequency": opt.precondition_frequency,
-    }
+    return {"soap_shampoo_beta": opt.shampoo_beta, "soap_precondition_frequency": opt.precondition_frequency}, "soap"
 
 
 def megatron_optimizer_spec(
@@ -180,42 +183,50 @@ def megatron_optimizer_spec(
 ) -> MegatronOptimizerSpec:
     """Map ``opt`` onto an OptimizerConfig with the given field names (pure; raises on what cannot be honoured).
 
-    ``layerwise`` selects the layer-wise distributed optimizer for Muon/SOAP; AdamW always uses Megatron's
-    distributed (ZeRO-1) optimizer, as Bridge's recipes do (``layerwise`` is a Muon/SOAP setting).
+    The optimizer's registry entry decides: an element-wise one (AdamW) is Megatron's distributed (ZeRO-1)
+    optimizer, as Bridge's recipes use it (``layerwise`` is a matrix-optimizer setting); a matrix optimizer's fields
+    are written by its entry's ``megatron.fields`` mapping, so the config Megatron validates and logs describes what
+    runs. With engine 'nemo_muon' ours runs inside Megatron's layer-wise optimizer, built from our config itself
+    (`nemo_muon.megatron.build.build_engine`): Megatron's copy is never read back.
     """
+    spec = spec_for(opt)
     api = api_for_fields(fields)
     kw = _common(opt, grad_clip=grad_clip, min_lr=min_lr, bf16=bf16)
-    if isinstance(opt, AdamWConfig):
-        kw.update(optimizer="adam", adam_beta1=opt.betas[0], adam_beta2=opt.betas[1], adam_eps=opt.eps,
-                  use_distributed_optimizer=True)
-        if "decoupled_weight_decay" in fields:
-            kw["decoupled_weight_decay"] = True
+    (beta1, beta2), eps = spec.megatron.adam_part(opt)
+    kw.update(adam_beta1=beta1, adam_beta2=beta2, adam_eps=eps)
+    if "decoupled_weight_decay" in fields:
+        kw["decoupled_weight_decay"] = True
+    if spec.matrix is None:
+        kw.update(optimizer="adam", use_distributed_optimizer=True)
         return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", False, "adam")
-    if isinstance(opt, MuonConfig):
-        kw.update(_muon(opt, api, fields))
-        ours = opt.engine == ENGINE_NEMO_MUON
-        if ours and not layerwise:
-            raise _refuse("muon.engine", opt.engine, "nemo-muon's Muon runs inside Megatron's layer-wise distributed "
-                          "optimizer; keep layerwise on, or set optimizer.engine=megatron")
-        if api == API_016:
-            kw.update(optimizer="dist_muon" if layerwise else "muon", use_distributed_optimizer=False)
-            builder = BUILDER_NEMO_MUON if ours else "get_megatron_muon_optimizer"
-            return MegatronOptimizerSpec(api, kw, builder, layerwise, kw["optimizer"])
-        kw.update(optimizer="muon", use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=layerwise)
-        builder = BUILDER_NEMO_MUON if ours else "get_megatron_optimizer"
-        return MegatronOptimizerSpec(api, kw, builder, layerwise, "dist_muon" if layerwise else "muon")
-    if isinstance(opt, SoapConfig):
-        ours = opt.engine == ENGINE_NEMO_MUON
-        if ours and not layerwise:
-            raise _refuse("soap.engine", opt.engine, "nemo-muon's SOAP runs inside Megatron's layer-wise distributed "
-                          "optimizer; keep layerwise on, or set optimizer.engine=megatron")
-        kw.update(_soap(opt, api, soap_has_precondition_frequency=soap_has_precondition_frequency))
-        if api == API_016:  # Bridge 0.3 sends any optimizer named *soap* to the (hooked) Muon builder, layer-wise if dist_*
-            kw.update(optimizer="dist_soap", use_distributed_optimizer=False)
-            return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON, True, "dist_soap")
-        kw.update(optimizer="soap", use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=layerwise)
-        return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON if ours else "get_megatron_optimizer", layerwise, "soap")
-    raise ValueError(f"optimizer must be a MuonConfig, SoapConfig or AdamWConfig; got {type(opt).__name__}")
+    engine = opt.engine
+    if engine not in spec.megatron.engines:
+        raise _refuse(f"{opt.name}.engine", engine, f"{spec.label} runs inside Megatron-Core with engine "
+                      f"{' or '.join(map(repr, spec.megatron.engines))} only")
+    _megatron_structure(opt)
+    own, name = resolve(spec.megatron.fields)(opt, api, fields, engine=engine,
+                                              soap_has_precondition_frequency=soap_has_precondition_frequency)
+    kw.update(own)
+    if engine == ENGINE_NEMO_MUON:
+        if not layerwise:
+            raise _refuse(f"{opt.name}.engine", engine, f"nemo-muon's {spec.label} runs inside Megatron's layer-wise "
+                          "distributed optimizer; keep layerwise on, or set optimizer.engine=megatron")
+        if api == API_016:  # Bridge 0.3 sends dist_muon and any *soap* name to the (hooked) Muon builder
+            kw.update(optimizer=f"dist_{name}", use_distributed_optimizer=False)
+            return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON, True, f"dist_{name}")
+        kw.update(optimizer=name, use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=True)
+        return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON, True, _bridge_layer_wise_name(name))
+    if api == API_016:
+        kw.update(optimizer=f"dist_{name}" if layerwise else name, use_distributed_optimizer=False)
+        return MegatronOptimizerSpec(api, kw, "get_megatron_muon_optimizer", layerwise, kw["optimizer"])
+    kw.update(optimizer=name, use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=layerwise)
+    return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", layerwise,
+                                 _bridge_layer_wise_name(name) if layerwise else name)
+
+
+def _bridge_layer_wise_name(name: str) -> str:
+    """Bridge >= 0.4 names layer-wise Muon ``dist_muon``; its SOAP is ``soap`` either way."""
+    return f"dist_{name}" if name == "muon" else name
 
 
 def ddp_flags(opt: OptimizerConfig) -> dict[str, bool]:
@@ -229,7 +240,7 @@ def ddp_flags(opt: OptimizerConfig) -> dict[str, bool]:
     which the local check would pre-empt by raising on the one rank that saw the NaN.
     """
     skip = getattr(opt, "nonfinite", "raise") == "skip" and getattr(opt, "engine", None) == BUILDER_NEMO_MUON
-    return {"use_distributed_optimizer": isinstance(opt, AdamWConfig), "check_for_nan_in_grad": not skip}
+    return {"use_distributed_optimizer": spec_for(opt).matrix is None, "check_for_nan_in_grad": not skip}
 
 
 def soap_accepts_precondition_frequency() -> bool:
@@ -251,7 +262,8 @@ def to_megatron_optimizer_config(
     from megatron.core.optimizer import OptimizerConfig as MCoreOptimizerConfig
 
     fields = {f.name for f in dataclasses.fields(MCoreOptimizerConfig)}
-    soap_pf = isinstance(opt, SoapConfig) and soap_accepts_precondition_frequency()
+    soap_pf = getattr(opt, "engine", None) == "megatron" and "precondition_frequency" in vars(opt) \
+        and soap_accepts_precondition_frequency()
     spec = megatron_optimizer_spec(opt, fields=fields, grad_clip=grad_clip, min_lr=min_lr, layerwise=layerwise,
                                    bf16=bf16, soap_has_precondition_frequency=soap_pf)
     return MCoreOptimizerConfig(**spec.kwargs), spec

@@ -4,8 +4,8 @@ Megatron-Core 0.16's `LayerWiseDistributedOptimizer.shard_params` sorts every pa
 ping-pong (``megatron/core/optimizer/layer_wise_optimizer.py``, ``shard_params``), which balances memory but not
 the orthogonalization work: an (m, n) matrix costs ~ m²n + m³ Newton–Schulz FLOPs, not m·n. `ns_balanced_class`
 returns a subclass whose ``shard_params`` places the matrix optimizer's parameters (ours: `MegatronMuon` /
-`MegatronSoap`, the first optimizer) by LPT on the cost model of the torch backend's engine
-(`nemo_muon.accounting.ownership.ns_cost` / ``soap_cost``), and Adam's parameters (near-free updates) ping-pong by numel as
+`MegatronSOAP`, the first optimizer) by LPT on the cost model of its registry entry (``spec.matrix``, the one the
+torch backend's engine and the planner use), and Adam's parameters (near-free updates) ping-pong by numel as
 Megatron does, each within its own domain (experts over ``expt_dp`` first, then the dense matrices over ``dp_cp``,
 starting from the expert work each rank already has, as ``nemo-muon plan`` models it). Everything else
 (all-gather of the owned shards, master weights, checkpoints) is Megatron's, unchanged.
@@ -30,30 +30,29 @@ import functools
 from typing import Any
 
 from nemo_muon.accounting.ns_split import split_options
-from nemo_muon.accounting.ownership import PlanItem, ns_cost, ping_pong_assign, plan_ownership, soap_cost
+from nemo_muon.accounting.ownership import PlanItem, ping_pong_assign, plan_ownership
 from nemo_muon.optim.fused import split_parts
 from nemo_muon.optim.muon import Muon, SplitShare
-from nemo_muon.optim.soap import SOAP
+from nemo_muon.optim.routed import RoutedOptimizer
+from nemo_muon.registry import spec_named
 
 
-def matrix_cost(optimizer: Muon | SOAP, shape: tuple[int, ...]) -> float:
-    """Per-step update FLOPs of one matrix under our optimizer (SOAP's or Newton–Schulz's cost model)."""
-    if isinstance(optimizer, SOAP):
-        return soap_cost(shape, optimizer.defaults["precondition_frequency"])
-    return ns_cost(shape, optimizer.defaults["ns_steps"])
+def matrix_cost(optimizer: RoutedOptimizer, shape: tuple[int, ...]) -> float:
+    """Per-step update FLOPs of one whole matrix under our optimizer: its registry entry's cost model
+    (``spec.matrix.update_flops``) at the optimizer's defaults."""
+    return spec_named(optimizer.registry_name).matrix.update_flops(shape, optimizer.defaults)
 
 
-def _matrix_item(optimizer: Muon | SOAP, p: Any, key: str, splittable: bool) -> PlanItem:
-    """The plan item of one matrix: the update cost of the parts our optimizer runs, and Muon's split options."""
+def _matrix_item(optimizer: RoutedOptimizer, p: Any, key: str, splittable: bool) -> PlanItem:
+    """The plan item of one matrix: the update cost of what our optimizer runs (its fused parts, or the whole matrix,
+    as its registry entry says), and the split options where the entry allows a split."""
     shape = tuple(p.shape)
     nbytes = p.numel() * p.element_size()
-    if isinstance(optimizer, SOAP):
-        return PlanItem(key, shape, matrix_cost(optimizer, shape), nbytes)
-    parts = [tuple(t.shape) for t in split_parts(p.detach()[..., :1], optimizer.route_of(p), key)]
-    parts = [(r, shape[-1]) for r, _ in parts]
-    steps = optimizer.defaults["ns_steps"]
-    cost = sum(ns_cost(part, steps) for part in parts)
-    options = split_options(parts, steps=steps, gather_update=True) if splittable else ()
+    matrix = spec_named(optimizer.registry_name).matrix
+    parts = [(t.shape[-2], shape[-1]) for t in split_parts(p.detach()[..., :1], optimizer.route_of(p), key)]
+    hp = optimizer.defaults
+    cost = sum(matrix.update_flops(part, hp) for part in parts) if matrix.per_part else matrix.update_flops(shape, hp)
+    options = split_options(parts, steps=hp["ns_steps"], gather_update=True) if splittable and matrix.splittable else ()
     return PlanItem(key, shape, cost, nbytes, split_options=options)
 
 
@@ -110,7 +109,8 @@ def ns_balanced_class() -> type:
                 self.expt_dp_params_list = None
                 return
             matrix_opt = optimizers[0]
-            split = self.split_target is not None and isinstance(matrix_opt, Muon) and matrix_opt.tp_group is None
+            split = (self.split_target is not None and spec_named(matrix_opt.registry_name).matrix.splittable
+                     and matrix_opt.tp_group is None)
             groups = [(g, i == 0) for i, opt in enumerate(optimizers) for g in opt.param_groups]
             domains = {False: (pgs.dp_cp, []), True: (pgs.expt_dp, [])}  # is_expert_parallel -> (group, params)
             for index, (group, is_matrix) in enumerate(groups):

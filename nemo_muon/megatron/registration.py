@@ -1,19 +1,27 @@
-"""nemo-muon's Muon inside Megatron-Core's layer-wise distributed optimizer, on both API generations.
+"""nemo-muon's matrix optimizers (Muon, SOAP, NorMuon, ...: every registry entry with engine 'nemo_muon') inside
+Megatron-Core's layer-wise distributed optimizer, on both API generations.
 
 What is Megatron's, reused as is: the parameter split (2-D weights that are not embedding / output layer ->
-the orthogonalized update; everything else -> Megatron's Adam), its param groups (lr / wd multipliers, expert
-flags), `Float16OptimizerWithFloat16Params` (fp32 master weights of the bf16 model), `LayerWiseDistributedOptimizer`
+the matrix update; everything else -> Megatron's Adam), its param groups (lr / wd multipliers, expert flags),
+`Float16OptimizerWithFloat16Params` (fp32 master weights of the bf16 model), `LayerWiseDistributedOptimizer`
 (whole matrices per data-parallel rank, gradient-norm / zero-count reduction, the param all-gather, checkpoints) and
-its Adam for the rest. What is ours: the matrix update, `MegatronMuon` = `nemo_muon.Muon` (our Newton–Schulz, TP
-modes over Megatron's tensor-parallel group, fused-weight splitting by parameter name) and `MegatronSoap`; on 0.16
-the ownership by update cost (`nemo_muon.megatron.ownership`); on both the step-level non-finite policy
-(`nemo_muon.megatron.nonfinite`).
+its Adam for the rest. What is ours: the matrix update, `engine_class(<our optimizer>)` (e.g. ``MegatronMuon`` =
+`nemo_muon.Muon` over Megatron's params: our Newton–Schulz, TP modes over Megatron's tensor-parallel group,
+fused-weight splitting by parameter name); on 0.16 the ownership by update cost (`nemo_muon.megatron.ownership`); on
+both the step-level non-finite policy (`nemo_muon.megatron.nonfinite`).
+
+Hyperparameters are stated once: the recipe's validated config (``ours``) travels to the build and its fields are
+the optimizer's keyword arguments (`engine_kwargs`); Megatron's `OptimizerConfig` contributes only what frameworks
+adjust on it (lr, weight decay). On Megatron-Core >= 0.18 ``ours`` rides on the copy of Megatron's config that our
+builder hands `get_megatron_optimizer` (attribute `OURS_ATTRIBUTE`), where our registry entry's ``config_to_kwargs``
+reads it.
 
 How it is plugged in, per generation (the narrowest hook each allows):
 
 * Megatron-Core >= 0.18 keeps a registry of emerging optimizers (``megatron/core/optimizer/emerging_optimizers.py``,
   ``_EMERGING_OPTIMIZERS``: name -> optimizer class, state init, config -> kwargs). `register_with_megatron` adds
-  ``"nemo_muon"``; ``OptimizerConfig(optimizer="nemo_muon", use_layer_wise_distributed_optimizer=True)`` then goes
+  each of ours under its registry entry's ``megatron.registered_name`` (``nemo_muon``, ``nemo_soap``,
+  ``nemo_normuon``); ``OptimizerConfig(optimizer=<that name>, use_layer_wise_distributed_optimizer=True)`` then goes
   through Megatron's own `get_megatron_optimizer` like its Muon does.
 * Megatron-Core 0.16 has no registry: `get_megatron_muon_optimizer` constructs its TensorParallelMuon inline. Here
   `build_layer_wise_016` assembles the same pieces that function assembles (Megatron's param groups and Adam,
@@ -27,24 +35,24 @@ that knowledge to the master copies once the optimizer is built.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from nemo_muon.config.optimizer import OptimizerConfig, SoapConfig
+from nemo_muon.config.optimizer import OptimizerConfig
 from nemo_muon.megatron.nonfinite import apply_nonfinite_policy
-from nemo_muon.optim.muon import Muon, tensor_partition_dim
+from nemo_muon.optim.muon import Muon
+from nemo_muon.optim.routed import RoutedOptimizer
 from nemo_muon.optim.routing import MATRIX, QKVLayout
-from nemo_muon.optim.soap import SOAP, init_soap_state
+from nemo_muon.registry import OptimizerSpec, resolve, spec_for, spec_named, specs
 
-REGISTERED_NAME = "nemo_muon"
-"""The optimizer name Megatron-Core >= 0.18 knows our Muon by (``OptimizerConfig.optimizer``)."""
-REGISTERED_SOAP_NAME = "nemo_soap"
-"""... and our SOAP."""
+OURS_ATTRIBUTE = "nemo_muon_config"
+"""The attribute of (our copy of) Megatron's `OptimizerConfig` that carries the recipe's validated config to our
+registry entries' ``config_to_kwargs`` (Megatron-Core >= 0.18)."""
 OWNERSHIPS = ("ns_cost", "megatron")
 """Who owns which matrix on Megatron-Core 0.16 (`build_layer_wise_016`): LPT on the update cost, or Megatron's own."""
-NS_PRECISION_FROM_MCORE: dict[str, str] = {"highest": "fp32", "high": "fp32", "medium": "bf16"}
 
 
 class _OnMegatronParams:
@@ -54,6 +62,10 @@ class _OnMegatronParams:
 
     _routes: dict
     _names: dict
+
+    def __init__(self, param_groups: Iterable[dict[str, Any]], *, param_names: Mapping[int, str],
+                 **kwargs: Any) -> None:
+        super().__init__(self._megatron_groups(param_groups, param_names), **kwargs)  # type: ignore[call-arg]
 
     @staticmethod
     def _megatron_groups(param_groups: Iterable[dict[str, Any]], param_names: Mapping[int, str]) -> list[dict]:
@@ -75,48 +87,30 @@ class _OnMegatronParams:
                 self.move_split(old, new)
 
 
-class MegatronMuon(_OnMegatronParams, Muon):
-    """`nemo_muon.Muon` over the matrix parameters Megatron-Core hands its emerging optimizer (fused layouts by the
-    model's names: ``linear_qkv`` per query group). Other keyword arguments: `Muon`'s."""
-
-    label = "Muon (nemo-muon, Megatron layer-wise)"
-
-    def __init__(self, param_groups: Iterable[dict[str, Any]], *, param_names: Mapping[int, str],
-                 **muon_kwargs: Any) -> None:
-        super().__init__(self._megatron_groups(param_groups, param_names), **muon_kwargs)
-
-
-class MegatronSoap(_OnMegatronParams, SOAP):
-    """`nemo_muon.SOAP` over the matrix parameters Megatron-Core hands its emerging optimizer. Other keyword
-    arguments: `SOAP`'s."""
-
-    label = "SOAP (nemo-muon, Megatron layer-wise)"
-
-    def __init__(self, param_groups: Iterable[dict[str, Any]], *, param_names: Mapping[int, str],
-                 **soap_kwargs: Any) -> None:
-        super().__init__(self._megatron_groups(param_groups, param_names), **soap_kwargs)
+@functools.cache
+def engine_class(optimizer_class: type) -> type:
+    """``Megatron<Class>``: our optimizer class over the matrix parameters Megatron-Core hands its emerging optimizer
+    (``param_names`` keyword: id(param) -> the model's name, for fused layouts); other keyword arguments: the
+    class's."""
+    label = f"{optimizer_class.label} (nemo-muon, Megatron layer-wise)"
+    return type(f"Megatron{optimizer_class.__name__}", (_OnMegatronParams, optimizer_class),
+                {"label": label, "__module__": __name__, "__doc__": engine_class.__doc__})
 
 
-def init_soap_state_fn(opt: torch.optim.Optimizer, config: Any = None) -> None:
-    """SOAP's placeholder state (full-size factors under TP) before a checkpoint is loaded into a fresh optimizer."""
-    tp_group = getattr(opt, "tp_group", None)
-    world = 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
+def engine_class_of(spec: OptimizerSpec) -> type:
+    """The Megatron-side class of a registry entry's implementation."""
+    implementation = resolve(spec.implementation)
+    if not (isinstance(implementation, type) and issubclass(implementation, RoutedOptimizer)):
+        raise ValueError(f"optimizer {spec.name!r} runs inside Megatron with engine 'nemo_muon' only if its "
+                         f"implementation is one of nemo-muon's routed optimizers; got {spec.implementation!r}")
+    return engine_class(implementation)
+
+
+def init_placeholder_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
+    """Our optimizer's state before a checkpoint is loaded into a fresh optimizer (Megatron's state init hook)."""
     for group in opt.param_groups:
         for p in group["params"]:
-            shape = list(p.shape)
-            pdim = tensor_partition_dim(p) if world > 1 else None
-            if pdim is not None:
-                shape[pdim] *= world
-            init_soap_state(opt.state[p], tuple(shape), p.device)
-
-
-def init_muon_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
-    """Create the momentum buffers before a checkpoint is loaded into a fresh optimizer (Megatron's state init hook)."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            state = opt.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+            opt.placeholder_state(p)  # type: ignore[attr-defined]
 
 
 def parameter_names(model_chunks: Iterable[torch.nn.Module]) -> dict[int, str]:
@@ -133,59 +127,37 @@ def fused_layouts(model_config: Any, tp_size: int) -> dict[str, Any]:
     return {"linear_qkv": QKVLayout(heads // tp_size, groups // tp_size, model_config.kv_channels)}
 
 
-def muon_kwargs_from_megatron(config: Any, model_chunks: list[Any], pg_collection: Any) -> dict[str, Any]:
-    """`MegatronMuon` keyword arguments from Megatron's `OptimizerConfig` (the fields our mapping writes from a
-    `MuonConfig`, `nemo_muon.megatron.optimizer_config`), the model's names and layouts, and the TP group."""
-    nesterov = getattr(config, "muon_nesterov", None)
-    if nesterov is None:
-        nesterov = config.muon_use_nesterov
-    tp_group, tp_size = _tp(pg_collection)
-    expt_tp = getattr(pg_collection, "expt_tp", None)
-    if expt_tp is not None and torch.distributed.get_world_size(expt_tp) != tp_size:
-        raise ValueError(f"expert tensor parallelism ({torch.distributed.get_world_size(expt_tp)}) must equal tensor "
-                         f"parallelism ({tp_size}) for engine 'nemo_muon' (one TP group for all matrices)")
-    return {
-        "lr": config.lr,
-        "weight_decay": config.weight_decay,
-        "momentum": config.muon_momentum,
-        "nesterov": bool(nesterov),
-        "ns_steps": config.muon_num_ns_steps,
-        "coefficients": getattr(config, "muon_coefficient_type", "quintic"),
-        "scale_mode": config.muon_scale_mode,
-        "extra_scale_factor": config.muon_extra_scale_factor,
-        "ns_precision": NS_PRECISION_FROM_MCORE[config.muon_fp32_matmul_prec],
-        "tp_mode": config.muon_tp_mode,
-        "split_qkv": config.muon_split_qkv,
-        "split_gate_up": False,
-        "nonfinite": "raise",
-        "tp_group": tp_group if tp_size > 1 else None,
-        "fused_layouts": fused_layouts(model_chunks[0].config, tp_size),
-        "param_names": parameter_names(model_chunks),
-    }
-
-
 def _tp(pg_collection: Any) -> tuple[Any, int]:
     tp_group = getattr(pg_collection, "tp", None)
     return tp_group, 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
 
 
-def soap_kwargs_from_megatron(config: Any, model_chunks: list[Any], pg_collection: Any) -> dict[str, Any]:
-    """`MegatronSoap` keyword arguments from a Megatron-Core >= 0.18 `OptimizerConfig` (our mapping wrote them)."""
+def engine_kwargs(ours: OptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any) -> dict[str, Any]:
+    """Keyword arguments of ``engine_class_of(spec_for(ours))``: the fields of our validated config (stated once),
+    lr and weight decay from Megatron's config (frameworks and Megatron's scheduler adjust them there), the model's
+    names and layouts, and the TP group. The matrix optimizer raises on a non-finite gradient: the step-level policy
+    (`nemo_muon.megatron.nonfinite`) decides first, on every rank alike."""
+    spec = spec_for(ours)
     tp_group, tp_size = _tp(pg_collection)
-    return {"lr": config.lr, "weight_decay": config.weight_decay, "betas": (config.adam_beta1, config.adam_beta2),
-            "shampoo_beta": config.soap_shampoo_beta, "eps": config.adam_eps,
-            "precondition_frequency": config.soap_precondition_frequency, "nonfinite": "raise",
-            "tp_group": tp_group if tp_size > 1 else None, "param_names": parameter_names(model_chunks)}
+    expt_tp = getattr(pg_collection, "expt_tp", None)
+    if expt_tp is not None and torch.distributed.get_world_size(expt_tp) != tp_size:
+        raise ValueError(f"expert tensor parallelism ({torch.distributed.get_world_size(expt_tp)}) must equal tensor "
+                         f"parallelism ({tp_size}) for engine 'nemo_muon' (one TP group for all matrices)")
+    kwargs = {**ours.optimizer_kwargs(), "lr": config.lr, "weight_decay": config.weight_decay, "nonfinite": "raise",
+              "tp_group": tp_group if tp_size > 1 else None, "param_names": parameter_names(model_chunks)}
+    if "fused_layouts" in spec.runtime_args:
+        kwargs["fused_layouts"] = fused_layouts(model_chunks[0].config, tp_size)
+    return kwargs
 
 
-def soap_kwargs_from_ours(opt: SoapConfig, config: Any, model_chunks: list[Any], pg_collection: Any) -> dict[str, Any]:
-    """`MegatronSoap` keyword arguments from our `SoapConfig` (Megatron-Core 0.16 has no SOAP fields); lr and weight
-    decay from Megatron's config, which frameworks may adjust."""
-    tp_group, tp_size = _tp(pg_collection)
-    return {"lr": config.lr, "weight_decay": config.weight_decay, "betas": tuple(opt.betas),
-            "shampoo_beta": opt.shampoo_beta, "eps": opt.eps, "precondition_frequency": opt.precondition_frequency,
-            "nonfinite": "raise", "tp_group": tp_group if tp_size > 1 else None,
-            "param_names": parameter_names(model_chunks)}
+def _kwargs_from_attached(config: Any, model_chunks: list[Any], pg_collection: Any) -> dict[str, Any]:
+    """Megatron's ``config_to_kwargs`` of our registry entries: the config our builder attached (`OURS_ATTRIBUTE`)."""
+    ours = getattr(config, OURS_ATTRIBUTE, None)
+    if ours is None:
+        raise ValueError(f"OptimizerConfig(optimizer={config.optimizer!r}) is nemo-muon's; build it through "
+                         "nemo_muon.megatron.build.build_engine (or Bridge's OptimizerConfig.provide() of "
+                         "nemo_muon.megatron.bridge_provider), which carries the recipe's optimizer config")
+    return engine_kwargs(ours, config, model_chunks, pg_collection)
 
 
 def rekey_after_wrapping(optimizer: Any) -> int:
@@ -208,15 +180,25 @@ def rekey_after_wrapping(optimizer: Any) -> int:
     return found
 
 
-def contains_soap(optimizer: Any) -> bool:
-    """Whether a (chained / layer-wise) Megatron optimizer holds our SOAP."""
+def unsaveable_optimizer(optimizer: Any) -> str | None:
+    """The label of an optimizer of ours inside a (chained / layer-wise) Megatron optimizer whose registry entry says
+    Megatron's ``dist_checkpointing`` cannot save its state (``megatron.dist_checkpoint``); None when all can."""
     if hasattr(optimizer, "chained_optimizers"):  # a chain's ``.optimizer`` asserts it has exactly one
-        return any(contains_soap(sub) for sub in optimizer.chained_optimizers)
-    return isinstance(getattr(optimizer, "optimizer", None), MegatronSoap)
+        return next((label for sub in optimizer.chained_optimizers if (label := unsaveable_optimizer(sub))), None)
+    raw = getattr(optimizer, "optimizer", None)
+    if isinstance(raw, _OnMegatronParams) and not spec_registered_as(raw).megatron.dist_checkpoint:
+        return raw.label
+    return None
+
+
+def spec_registered_as(optimizer: Any) -> OptimizerSpec:
+    """The registry entry of one of our optimizer instances (its class's ``registry_name``)."""
+    return spec_named(optimizer.registry_name)
 
 
 def register_with_megatron() -> None:
-    """Add ``"nemo_muon"`` and ``"nemo_soap"`` to Megatron-Core's emerging-optimizer registry (>= 0.18); idempotent."""
+    """Add every registry entry with engine 'nemo_muon' to Megatron-Core's emerging-optimizer registry (>= 0.18)
+    under its ``megatron.registered_name``; idempotent."""
     from megatron.core.optimizer import emerging_optimizers as eo
 
     registry = getattr(eo, "_EMERGING_OPTIMIZERS", None)
@@ -224,20 +206,20 @@ def register_with_megatron() -> None:
     if registry is None or entry_cls is None:
         raise RuntimeError("megatron.core.optimizer.emerging_optimizers has no _EMERGING_OPTIMIZERS / "
                            "EmergingOptimizerEntry: the registration hook moved (written for Megatron-Core 0.19)")
-    registry.setdefault(REGISTERED_NAME, entry_cls(optimizer_cls=MegatronMuon, init_state_fn=init_muon_state,
-                                                   config_to_kwargs=muon_kwargs_from_megatron))
-    registry.setdefault(REGISTERED_SOAP_NAME, entry_cls(optimizer_cls=MegatronSoap, init_state_fn=init_soap_state_fn,
-                                                        config_to_kwargs=soap_kwargs_from_megatron))
+    for spec in specs():
+        if "nemo_muon" in spec.megatron.engines and spec.megatron.registered_name:
+            registry.setdefault(spec.megatron.registered_name, entry_cls(
+                optimizer_cls=engine_class_of(spec), init_state_fn=init_placeholder_state,
+                config_to_kwargs=_kwargs_from_attached))
 
 
-def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: Any,
-                         config_overrides: Any = None, ours: OptimizerConfig | None = None,
-                         ownership: str = "ns_cost") -> Any:
+def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: Any, config_overrides: Any = None, *,
+                         ours: OptimizerConfig, ownership: str = "ns_cost") -> Any:
     """Megatron-Core 0.16: our Muon for the 2-D non-embedding weights, Megatron's Adam for the rest, both inside
     Megatron's `LayerWiseDistributedOptimizer` (the assembly `get_megatron_muon_optimizer` does, with our class).
     ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), applied to both parts.
-    ``ours``: our optimizer config; a `SoapConfig` builds our SOAP (its fields are not in 0.16's config), anything
-    else our Muon (from the Megatron config's muon_* fields). ``ownership``: 'ns_cost' (LPT on the update cost,
+    ``ours``: the recipe's validated optimizer config; its registry entry names the class, its fields are the
+    keyword arguments (`engine_kwargs`). ``ownership``: 'ns_cost' (LPT on the update cost,
     `nemo_muon.megatron.ownership`) or 'megatron' (Megatron's numel ping-pong, for comparison)."""
     from megatron.core.optimizer import _get_param_groups, get_megatron_optimizer
     from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
@@ -260,12 +242,8 @@ def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: An
         for p in others:
             p.requires_grad_(False)
         groups = _get_param_groups(model_chunks, adam_config, config_overrides)
-        if isinstance(ours, SoapConfig):
-            matrix_opt = MegatronSoap(groups, **soap_kwargs_from_ours(ours, config, model_chunks, pg_collection))
-            init_matrix_state = init_soap_state_fn
-        else:
-            matrix_opt = MegatronMuon(groups, **muon_kwargs_from_megatron(config, model_chunks, pg_collection))
-            init_matrix_state = init_muon_state
+        matrix_opt = engine_class_of(spec_for(ours))(groups, **engine_kwargs(ours, config, model_chunks,
+                                                                               pg_collection))
         for p in others:
             p.requires_grad_(True)
         for p in matrices:
@@ -276,7 +254,7 @@ def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: An
         for p in (*matrices, *others):
             p.requires_grad_(True)
     optimizers = [matrix_opt, *adam.chained_optimizers]
-    init_fns = [init_matrix_state] + [_init_adam_state] * len(adam.chained_optimizers)
+    init_fns = [init_placeholder_state] + [_init_adam_state] * len(adam.chained_optimizers)
     if ownership not in OWNERSHIPS:
         raise ValueError(f"ownership must be one of {OWNERSHIPS}; got {ownership!r}")
     target = getattr(ours, "ns_split_target", None)
@@ -301,11 +279,12 @@ def _init_adam_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
                 opt.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
 
 
-def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: Any,
-                         ours: OptimizerConfig | None = None, config_overrides: Any = None) -> Any:
-    """Megatron-Core >= 0.18: Megatron's own builder with ``optimizer="nemo_muon"`` / ``"nemo_soap"`` (registered
-    here; the kwargs come from the Megatron config's muon_* / soap_* fields). ``config_overrides``: Megatron's
-    per-parameter overrides (Bridge's weight-decay rules), passed to Megatron's builder."""
+def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: Any, *, ours: OptimizerConfig,
+                         config_overrides: Any = None) -> Any:
+    """Megatron-Core >= 0.18: Megatron's own builder with ``optimizer=<our registry entry's registered_name>``
+    (registered here), ``ours`` attached to the copy of Megatron's config it is given (`OURS_ATTRIBUTE`).
+    ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), passed to Megatron's
+    builder."""
     from megatron.core.optimizer import get_megatron_optimizer
 
     if getattr(ours, "ns_split_target", None) is not None:
@@ -313,7 +292,8 @@ def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: An
                          f"parameter layout DDP computes before the optimizer exists); got {ours.ns_split_target!r}")
     register_with_megatron()
     config = copy.copy(config)
-    config.optimizer = REGISTERED_SOAP_NAME if isinstance(ours, SoapConfig) else REGISTERED_NAME
+    config.optimizer = spec_for(ours).megatron.registered_name
+    setattr(config, OURS_ATTRIBUTE, ours)
     optimizer = get_megatron_optimizer(config, model_chunks, config_overrides=config_overrides,
                                        pg_collection=pg_collection, use_gloo_process_groups=False)
     if not rekey_after_wrapping(optimizer):
@@ -321,7 +301,7 @@ def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: An
     return apply_nonfinite_policy(optimizer, nonfinite_policy(ours))
 
 
-def nonfinite_policy(ours: OptimizerConfig | None) -> str:
-    """The step-level non-finite policy of our config (`nemo_muon.megatron.nonfinite`); 'raise' without one. Our
-    matrix optimizer itself keeps ``nonfinite='raise'``: the step-level policy decides first, on every rank alike."""
+def nonfinite_policy(ours: OptimizerConfig) -> str:
+    """The step-level non-finite policy of our config (`nemo_muon.megatron.nonfinite`). Our matrix optimizer itself
+    keeps ``nonfinite='raise'``: the step-level policy decides first, on every rank alike."""
     return getattr(ours, "nonfinite", "raise")

@@ -12,6 +12,7 @@ import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nemo_muon.registry import names, spec_named
 from nemo_muon.versions import MINIMUM_VERSIONS, current_release, get_release, release_numbers
 
 MCORE = "megatron-core"
@@ -112,9 +113,13 @@ def optimizer_engine(opt) -> str | None:  # noqa: ANN001 - an optimizer config (
 
 def problems_for_optimizer(optimizer: str, versions: Mapping[str, str | None], *,
                            engine: str | None = DEFAULT_ENGINE) -> list[StackProblem]:
-    """The problems that stop ``optimizer`` ('muon', 'soap', 'adamw') with ``engine`` on ``versions``."""
-    return [p for p in stack_problems(versions)
-            if p.optimizer in (None, optimizer) and (p.engine is None or (optimizer != "adamw" and p.engine == engine))]
+    """The problems that stop ``optimizer`` (a registered name: 'muon', 'soap', 'adamw', 'normuon', ...) with
+    ``engine`` on ``versions``. A rule names an optimizer family (Megatron's name: 'muon', 'soap'), so NorMuon, which
+    is our Muon with a normalization, meets Muon's rules; an element-wise optimizer has no engine."""
+    spec = spec_named(optimizer)
+    family = spec.megatron.bridge_name
+    return [p for p in stack_problems(versions) if p.optimizer in (None, family)
+            and (p.engine is None or (spec.matrix is not None and p.engine == engine))]
 
 
 def check_stack(optimizer: str, versions: Mapping[str, str | None], *, where: str,
@@ -123,12 +128,13 @@ def check_stack(optimizer: str, versions: Mapping[str, str | None], *, where: st
     problems = problems_for_optimizer(optimizer, versions, engine=engine)
     if problems:
         lines = "\n".join(f"  - [{p.rule}] {p.message}; fix: {p.fix}" for p in problems)
-        shown = f"optimizer.name={optimizer!r}" + (f" with optimizer.engine={engine!r}" if optimizer != "adamw" else "")
+        with_engine = spec_named(optimizer).matrix is not None
+        shown = f"optimizer.name={optimizer!r}" + (f" with optimizer.engine={engine!r}" if with_engine else "")
         raise ValueError(f"{shown} cannot run on {where}:\n{lines}")
 
 
 def check_installed_stack(optimizer: str, engine: str | None = DEFAULT_ENGINE) -> None:
-    """Refuse ``optimizer`` ('muon', 'soap', 'adamw') where the installed Megatron-Core stack cannot build it."""
+    """Refuse ``optimizer`` (a registered name) where the installed Megatron-Core stack cannot build it."""
     check_stack(optimizer, installed_versions(), where="the installed stack", engine=engine)
 
 
@@ -198,10 +204,10 @@ def _main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m nemo_muon.megatron.stack", description=_main.__doc__)
     parser.add_argument("--require", default="", help="comma-separated optimizers the image must run "
-                        "(muon, soap, adamw); empty = report only")
+                        f"({', '.join(names())}); empty = report only")
     args = parser.parse_args(argv)
     required = [o.strip() for o in args.require.split(",") if o.strip()]
-    allowed = ("muon", "soap", "adamw")
+    allowed = names()
     bad = [o for o in required if o not in allowed]
     if bad:
         parser.error(f"--require must name optimizers of {allowed}; got {bad}")

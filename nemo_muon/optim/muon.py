@@ -95,6 +95,8 @@ class Muon(RoutedOptimizer):
     """
 
     label = "Muon"
+    registry_name = "muon"
+    """The optimizer's entry in `nemo_muon.registry` (a subclass with its own update names its own)."""
 
     def __init__(
         self,
@@ -211,13 +213,8 @@ class Muon(RoutedOptimizer):
                                     partition_dims=[dim] * len(slices), precision=precision)
             for (i, j), y in zip(where, gather_shards(ys, [dim - 2] * len(ys), group), strict=True):
                 outs[i][j] = y
-        updates = []
-        for i, it in enumerate(items):
-            g = it.group
-            scaled = [y * (muon_scale(y.shape[-2], y.shape[-1], g["scale_mode"]) * g["extra_scale_factor"])
-                      for y in outs[i]]
-            updates.append(merge_parts(scaled, it.route, it.grad))
-        return updates
+        return [self._scaled_update(it, outs[i], [(y.shape[-2], y.shape[-1]) for y in outs[i]])
+                for i, it in enumerate(items)]
 
     def _orthogonalized(self, items: list[MatrixItem]) -> list[torch.Tensor]:
         world = 1 if self.tp_group is None else dist.get_world_size(self.tp_group)
@@ -246,13 +243,31 @@ class Muon(RoutedOptimizer):
         # 3. scale each part by its (global) shape, merge
         updates = []
         for i, it in enumerate(items):
-            g = it.group
             pdim = tensor_partition_dim(it.param) if self.tp_group is not None else None
-            scaled = []
+            shapes = []
             for y in outs[i]:
                 shape = [y.shape[-2], y.shape[-1]]
                 if pdim is not None and self.tp_mode != "blockwise":
                     shape[pdim - y.ndim if pdim >= 0 else pdim] *= world
-                scaled.append(y * (muon_scale(shape[0], shape[1], g["scale_mode"]) * g["extra_scale_factor"]))
-            updates.append(merge_parts(scaled, it.route, it.grad))
+                shapes.append((shape[0], shape[1]))
+            updates.append(self._scaled_update(it, outs[i], shapes))
         return updates
+
+    def _scaled_update(self, it: MatrixItem, ys: list[torch.Tensor], shapes: list[tuple[int, int]]) -> torch.Tensor:
+        """The parts' orthogonalized outputs, each through `_post_orthogonalize` and scaled by its (global) shape,
+        merged into the parameter's update."""
+        g = it.group
+        scaled = [self._post_orthogonalize(it, j, y) * (muon_scale(out, in_, g["scale_mode"]) * g["extra_scale_factor"])
+                  for j, (y, (out, in_)) in enumerate(zip(ys, shapes, strict=True))]
+        return merge_parts(scaled, it.route, it.grad)
+
+    def _post_orthogonalize(self, it: MatrixItem, part: int, y: torch.Tensor) -> torch.Tensor:
+        """What happens to part ``part`` of ``it`` between Newton–Schulz and the scale: nothing for Muon (NorMuon
+        normalizes it)."""
+        return y
+
+    def placeholder_state(self, p: torch.Tensor) -> None:
+        """The state a checkpoint load copies into (Megatron's state init hook): the momentum buffer."""
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)

@@ -28,11 +28,11 @@ import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_positive_int
 from nemo_muon.accounting.ns_choice import DEFAULT_TP_COST, TPCostModel, choose_algorithm, choose_tp_mode
-from nemo_muon.accounting.ns_count import NS_ALGORITHMS
 from nemo_muon.config.optimizer import NS_PRECISIONS as PRECISIONS
 from nemo_muon.config.optimizer import TP_MODES
 from nemo_muon.optim.coefficients import COEFFICIENT_SETS, coefficient_schedule
 from nemo_muon.optim.ns_kernels import ns_program, run_programs
+from nemo_muon.registry.cost import NS_ALGORITHMS
 
 logger = logging.getLogger(__name__)
 

@@ -74,6 +74,8 @@ class SOAP(RoutedOptimizer):
     """
 
     label = "SOAP"
+    registry_name = "soap"
+    """The optimizer's entry in `nemo_muon.registry`."""
 
     def __init__(
         self,
@@ -99,6 +101,15 @@ class SOAP(RoutedOptimizer):
         super().__init__(params, defaults, nonfinite=nonfinite, master_weights=master_weights,
                          matrix_rule=matrix_rule, fused_layouts=None, split_qkv=False, split_gate_up=True,
                          adamw_lr=None)
+
+    def placeholder_state(self, p: torch.Tensor) -> None:
+        """The state a checkpoint load copies into (Megatron's state init hook): full-size factors under TP."""
+        world = 1 if self.tp_group is None else dist.get_world_size(self.tp_group)
+        shape = list(p.shape)
+        pdim = tensor_partition_dim(p) if world > 1 else None
+        if pdim is not None:
+            shape[pdim] *= world
+        init_soap_state(self.state[p], tuple(shape), p.device)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
         SoapConfig(**{k: tuple(group[k]) if k == "betas" else group[k] for k in self._group_fields})

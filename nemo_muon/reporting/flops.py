@@ -3,7 +3,8 @@
 Megatron logs carry model TFLOP/s/GPU but not the optimizer's NS work; our JSONL may lack both on old runs.
 Given the recipe that produced a run, each step with a step time gets the missing numbers:
 ``flops_per_step / step_time_s / world_size / 1e12``. NS FLOPs are those of one optimizer step of every hidden
-matrix counted once (``plan_recipe``'s ``ns_flops_per_step``); non-Muon optimizers do no NS work (0).
+matrix counted once (``plan_recipe``'s ``ns_flops_per_step``); optimizers whose registry entry runs no
+Newton–Schulz (``spec.matrix.newton_schulz``) do no NS work (0).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from nemo_muon.reporting.records import RunLog
 def recipe_flops_per_step(recipe: Any, world_size: int | None = None) -> tuple[float, float]:
     """(model FLOPs, NS FLOPs) of one step of ``recipe`` on ``world_size`` GPUs (default: the recipe's)."""
     from nemo_muon.accounting.planner import plan_recipe
-    from nemo_muon.config.optimizer import MuonConfig
+    from nemo_muon.registry import spec_for
 
     plan = plan_recipe(recipe, world_size)
-    ns = float(plan["ns_flops_per_step"]) if isinstance(recipe.optimizer, MuonConfig) else 0.0
+    matrix = spec_for(recipe.optimizer).matrix
+    ns = float(plan["ns_flops_per_step"]) if matrix is not None and matrix.newton_schulz else 0.0
     return float(plan["model_flops_per_step"]), ns
 
 

@@ -15,7 +15,7 @@ from tests.megatron_cpu.training import train_through_bridge_setup_optimizer
 
 @pytest.mark.parametrize("spec, optimizer, ours", [("tiny_kimi_k2", "muon", "MegatronMuon"),
                                                    ("tiny_qwen3_moe", "muon", "MegatronMuon"),
-                                                   ("tiny_qwen3_moe", "soap", "MegatronSoap")])
+                                                   ("tiny_qwen3_moe", "soap", "MegatronSOAP")])
 def test_bridge_setup_optimizer_builds_and_trains_ours(spec, optimizer, ours):
     result = run_distributed(train_through_bridge_setup_optimizer, world_size=2, args=(spec, 10, optimizer),
                              timeout_s=300)[0]

@@ -35,8 +35,10 @@ def _llama_recipe_with(optim):
 
 
 def test_reachable_from_the_package_root():
-    assert nemo_muon.megatron.nemo2.Muon is nemo2.Muon
-    assert isinstance(nemo2.Muon(lr=2e-4), fdl.Config)
+    assert nemo_muon.megatron.nemo2.muon_with_cosine_annealing is nemo2.muon_with_cosine_annealing
+    assert isinstance(nemo2.muon_with_cosine_annealing(max_lr=2e-4), fdl.Config)
+    # one meaning per name: `Muon` is the optimizer class (nemo_muon.Muon), not also a NeMo recipe function here
+    assert not hasattr(nemo2, "Muon") and not hasattr(nemo2, "SOAP")
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -139,7 +141,7 @@ def test_nemos_scheduler_drives_the_module_built_optimizer():
     assert result["losses"][-1] < result["losses"][0] and result["replica_max_diff"] == 0.0
 
 
-@pytest.mark.parametrize("optimizer, ours", [("muon", "MegatronMuon"), ("soap", "MegatronSoap")])
+@pytest.mark.parametrize("optimizer, ours", [("muon", "MegatronMuon"), ("soap", "MegatronSOAP")])
 def test_muon_and_soap_through_the_module_train_on_this_stack(optimizer, ours):
     """Megatron-Core 0.16 + emerging-optimizers 0.3.0: the module's Muon / SOAP are nemo-muon's, inside Megatron's
     layer-wise optimizer (engine 'nemo_muon'), and train; Megatron's own Muon is refused with the fix."""
@@ -157,6 +159,7 @@ def test_muon_and_soap_through_the_module_train_on_this_stack(optimizer, ours):
 def test_soap_checkpoint_through_the_module_is_refused_clearly(tmp_path):
     """Megatron's dist_checkpointing shards optimizer state shaped like the parameters; SOAP's factors are not, so the
     save is refused with what to do instead of failing on a shape assertion deep in Megatron."""
-    with pytest.raises(RuntimeError, match="SOAP inside Megatron cannot be saved with Megatron's dist_checkpointing"):
+    with pytest.raises(RuntimeError, match=r"SOAP \(nemo-muon, Megatron layer-wise\) cannot be saved with Megatron's "
+                                           "dist_checkpointing"):
         run_distributed(train_tiny, world_size=2, args=("tiny_qwen3_moe", "soap", 1, (), str(tmp_path), 1, None,
                                                         "nemo2"), timeout_s=300, daemon=False)

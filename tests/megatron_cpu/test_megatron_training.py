@@ -23,11 +23,11 @@ from tests.megatron_cpu.training import (
     attempt_resumes,
     expert_parallel_training,
     lockstep_engines,
+    matrix_optimizer_against_single_process,
     muon_tensor_parallel_against_single_process,
     nonfinite_gradient_on_one_rank,
     optimizer_config,
     ownership_loads,
-    soap_against_single_process_reference,
     train_tiny,
 )
 
@@ -42,7 +42,7 @@ def _runs(optimizer: str) -> bool:
 
 
 @pytest.mark.parametrize("spec", ["tiny_kimi_k2", "tiny_qwen3_moe"])
-@pytest.mark.parametrize("optimizer", ["adamw", "muon", "soap"])
+@pytest.mark.parametrize("optimizer", ["adamw", "muon", "soap", "normuon"])
 def test_tiny_model_trains_through_megatron(spec, optimizer):
     assert _runs(optimizer), "the default engines run on both Megatron-Core generations"
     result = run_distributed(train_tiny, world_size=2, args=(spec, optimizer, STEPS), timeout_s=240)[0]
@@ -55,7 +55,7 @@ def test_tiny_model_trains_through_megatron(spec, optimizer):
     expected = {"DistributedOptimizer"} if optimizer == "adamw" else LAYER_WISE_CLASSES
     assert expected & set(result["optimizers"]), result["optimizers"]
     if optimizer != "adamw":  # the default engine: nemo-muon's optimizer updates the matrices, on both generations
-        ours = {"muon": "MegatronMuon", "soap": "MegatronSoap"}[optimizer]
+        ours = {"muon": "MegatronMuon", "soap": "MegatronSOAP", "normuon": "MegatronNorMuon"}[optimizer]
         assert ours in result["optimizers"], result["optimizers"]
         assert not {"TensorParallelMuon", "SOAP"} & set(result["optimizers"])
 
@@ -178,16 +178,18 @@ def test_checkpoint_of_another_model_optimizer_or_a_truncated_file_is_refused(tm
                         timeout_s=300, daemon=False)
 
 
-def test_soap_inside_megatron_equals_single_process_soap_on_the_same_gradients():
-    """Our SOAP inside Megatron's layer-wise optimizer (2 DP ranks, each owning whole matrices) against a plain
-    single-process `nemo_muon.SOAP` over copies of the same matrices, fed the same DP-reduced, globally clipped
-    gradients: bit-identical masters after each of 5 steps (same code on the same fp32 inputs; what is tested is
-    Megatron's wiring: ownership, the master copies, the config mapping, clipping order). A comparison of whole
-    DP=2 and DP=1 runs instead is not well posed for SOAP: its eigenbasis turns fp32 rounding of the gradient sums
-    (different on 0.16) into O(lr) differences at near-degenerate spectra, measured 1.8e-3 x lr after 2 steps."""
-    for rank_result in run_distributed(soap_against_single_process_reference, world_size=2,
-                                       args=("tiny_kimi_k2", 5), timeout_s=300):
-        assert "MegatronSoap" in rank_result["optimizers"]
+@pytest.mark.parametrize("optimizer, ours", [("soap", "MegatronSOAP"), ("normuon", "MegatronNorMuon")])
+def test_matrix_optimizer_inside_megatron_equals_single_process_one_on_the_same_gradients(optimizer, ours):
+    """Our SOAP / NorMuon inside Megatron's layer-wise optimizer (2 DP ranks, each owning whole matrices) against a
+    single-process copy (same class, same keyword arguments from the recipe's config) over copies of the same
+    matrices, fed the same DP-reduced, globally clipped gradients: bit-identical masters after each of 5 steps (same
+    code on the same fp32 inputs; what is tested is Megatron's wiring: ownership, the master copies, the config
+    travelling to the build, clipping order). A comparison of whole DP=2 and DP=1 runs instead is not well posed for
+    SOAP: its eigenbasis turns fp32 rounding of the gradient sums (different on 0.16) into O(lr) differences at
+    near-degenerate spectra, measured 1.8e-3 x lr after 2 steps."""
+    for rank_result in run_distributed(matrix_optimizer_against_single_process, world_size=2,
+                                       args=("tiny_kimi_k2", optimizer, 5), timeout_s=300):
+        assert ours in rank_result["optimizers"]
         assert rank_result["owned"], "each DP rank owns some matrices"
         assert [s["max_abs_diff"] for s in rank_result["per_step"]] == [0.0] * 5, rank_result["per_step"]
         assert rank_result["per_step"][-1]["max_abs"] > rank_result["per_step"][0]["max_abs"]  # the weights moved

@@ -153,15 +153,15 @@ def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int,
 
 
 def optimizer_config(name: str, engine: str = "nemo_muon", nonfinite: str = "raise"):
-    """The harness's optimizer config of ``name`` ('adamw', 'muon' or 'soap'; Muon with Megatron's defaults)."""
-    from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
-    from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
+    """The harness's config of the registered optimizer ``name`` ('adamw', 'muon', 'soap', 'normuon', ...): lr `LR`,
+    no weight decay, its registry entry's megatron ``recipe_defaults``, and the engine and policy of a matrix one."""
+    from nemo_muon.registry import spec_named
 
-    if name == "adamw":
-        return AdamWConfig(lr=LR, weight_decay=0.0)
-    if name == "soap":
-        return SoapConfig(lr=LR, weight_decay=0.0, engine=engine, nonfinite=nonfinite)
-    return MuonConfig(lr=LR, weight_decay=0.0, engine=engine, **{**MEGATRON_MUON_DEFAULTS, "nonfinite": nonfinite})
+    spec = spec_named(name)
+    if spec.matrix is None:
+        return spec.config_class(lr=LR, weight_decay=0.0)
+    return spec.config_class(lr=LR, weight_decay=0.0, **{**spec.megatron.recipe_defaults, "engine": engine,
+                                                          "nonfinite": nonfinite})
 
 
 def _optimizer_classes(optimizer) -> list[str]:
@@ -177,7 +177,7 @@ def _optimizer_classes(optimizer) -> list[str]:
 
 def _matrix_masters(optimizer, names: dict[int, str]) -> dict[str, tuple]:
     """Model parameter name -> (fp32 master weight, the torch optimizer that updates it) for the bf16 parameters of
-    the layer-wise optimizer's matrix optimizer (Megatron's TensorParallelMuon, our MegatronMuon or MegatronSoap) on
+    the layer-wise optimizer's matrix optimizer (Megatron's TensorParallelMuon, our MegatronMuon or MegatronSOAP) on
     this rank."""
     out = {}
     if hasattr(optimizer, "chained_optimizers"):
@@ -185,7 +185,7 @@ def _matrix_masters(optimizer, names: dict[int, str]) -> dict[str, tuple]:
             out.update(_matrix_masters(sub, names))
         return out
     inner = getattr(optimizer, "optimizer", None)
-    if inner is not None and any(k in type(inner).__name__ for k in ("Muon", "Soap")):
+    if inner is not None and any(k in type(inner).__name__ for k in ("Muon", "SOAP")):
         for model_group, master_group in zip(optimizer.float16_groups, optimizer.fp32_from_float16_groups,
                                              strict=True):
             for model_p, master in zip(model_group, master_group, strict=True):
@@ -341,12 +341,13 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
         parallel_state.destroy_model_parallel()
 
 
-def soap_against_single_process_reference(rank: int, world_size: int, group: Any, spec_name: str,
-                                          steps: int) -> dict[str, Any]:
-    """Our SOAP inside Megatron's layer-wise optimizer (engine nemo_muon) beside a plain single-process
-    `nemo_muon.SOAP` over fp32 copies of the matrices this DP rank owns, fed the same DP-reduced gradients each step
-    (Megatron's ``main_grad``, what its wrapper hands our optimizer). Returns per step the largest |difference|
-    between Megatron's fp32 masters and the reference's parameters, relative to the largest |value|."""
+def matrix_optimizer_against_single_process(rank: int, world_size: int, group: Any, spec_name: str,
+                                            optimizer_name: str, steps: int) -> dict[str, Any]:
+    """Our matrix optimizer ``optimizer_name`` inside Megatron's layer-wise optimizer (engine nemo_muon) beside a
+    single-process copy of it (the same class and keyword arguments, `engine_kwargs`, TP = 1) over fp32 copies of the
+    matrices this DP rank owns, fed the same DP-reduced gradients each step (Megatron's ``main_grad``, what its
+    wrapper hands our optimizer). Returns per step the largest |difference| between Megatron's fp32 masters and the
+    reference's parameters, and the largest |value|."""
     import torch
 
     from tests.megatron_cpu import shims
@@ -356,13 +357,14 @@ def soap_against_single_process_reference(rank: int, world_size: int, group: Any
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
     from nemo_muon.megatron.build import build_megatron_optimizer
-    from nemo_muon.optim.routing import MATRIX
-    from nemo_muon.optim.soap import SOAP
+    from nemo_muon.megatron.registration import engine_class_of, engine_kwargs
+    from nemo_muon.registry import spec_for
 
     parallel_state.initialize_model_parallel()
     try:
-        _, config, spec, opt, ddp_model = _seeded_model(spec_name, "soap")
-        optimizer, optimizer_config = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection())
+        _, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name)
+        pgs = _pg_collection()
+        optimizer, optimizer_config = build_megatron_optimizer(opt, [ddp_model], pg_collection=pgs)
         config_clip = optimizer_config.clip_grad
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = ddp_model.no_sync
@@ -370,9 +372,9 @@ def soap_against_single_process_reference(rank: int, world_size: int, group: Any
         masters = _matrix_masters(optimizer, {id(p): n for n, p in params.items()})
         owned = sorted(masters)
         copies = [masters[n][0].detach().clone() for n in owned]
-        reference = SOAP([{"params": copies, "param_names": owned, "algorithm": MATRIX}], lr=opt.lr,
-                         weight_decay=opt.weight_decay, betas=tuple(opt.betas), shampoo_beta=opt.shampoo_beta,
-                         eps=opt.eps, precondition_frequency=opt.precondition_frequency, nonfinite="raise")
+        kwargs = {**engine_kwargs(opt, optimizer_config, [ddp_model], pgs), "tp_group": None,
+                  "param_names": {id(c): n for n, c in zip(owned, copies, strict=True)}}
+        reference = engine_class_of(spec_for(opt))([{"params": copies}], **kwargs)
         dp_rank = parallel_state.get_data_parallel_rank()
         per_step = []
         for step in range(steps):
@@ -417,8 +419,8 @@ def muon_tensor_parallel_against_single_process(rank: int, world_size: int, grou
     from nemo_muon.config.optimizer import MuonConfig
     from nemo_muon.megatron.build import build_megatron_optimizer
     from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
-    from nemo_muon.megatron.registration import MegatronMuon, fused_layouts, muon_kwargs_from_megatron
-    from nemo_muon.optim.muon import tensor_partition_dim
+    from nemo_muon.megatron.registration import engine_class, engine_kwargs, fused_layouts
+    from nemo_muon.optim.muon import Muon, tensor_partition_dim
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
     try:
@@ -446,10 +448,10 @@ def muon_tensor_parallel_against_single_process(rank: int, world_size: int, grou
             return whole if dim is None else whole.chunk(world_size, dim=dim)[tp_rank]
 
         copies = [full(n, masters[n][0]) for n in owned]
-        kwargs = muon_kwargs_from_megatron(optimizer_config, [ddp_model], pgs)
+        kwargs = engine_kwargs(opt, optimizer_config, [ddp_model], pgs)
         kwargs.update(tp_group=None, fused_layouts=fused_layouts(config, 1),
                       param_names={id(c): n for n, c in zip(owned, copies, strict=True)})
-        reference = MegatronMuon([{"params": copies}], **kwargs)
+        reference = engine_class(Muon)([{"params": copies}], **kwargs)
         per_step = []
         for step in range(steps):
             _forward_backward(ddp_model, optimizer, step, 0, spec.vocab_size, GLOBAL_MICRO_BATCHES)

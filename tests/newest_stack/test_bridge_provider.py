@@ -1,5 +1,5 @@
 """Engine 'nemo_muon' through Megatron-Bridge's own extension point, ``OptimizerConfig.provide()`` (Bridge >= 0.4):
-Bridge's real ``setup_optimizer`` builds and trains nemo-muon's Muon and SOAP inside Megatron-Core's layer-wise
+Bridge's real ``setup_optimizer`` builds and trains nemo-muon's Muon, SOAP and NorMuon inside Megatron-Core's layer-wise
 optimizer on 2 gloo ranks, with nothing of Bridge patched; Megatron's own Muon (engine 'megatron') still goes through
 Bridge's name dispatch. Run on 26.08's stack (Bridge 0.6, Megatron-Core 0.19: the registry) and on 26.04's (Bridge
 0.4, Megatron-Core 0.17: our layer-wise assembly)."""
@@ -17,7 +17,8 @@ from tests.newest_stack.conftest import stack_release
 
 @pytest.mark.parametrize("spec, optimizer, ours", [("tiny_kimi_k2", "muon", "MegatronMuon"),
                                                    ("tiny_qwen3_moe", "muon", "MegatronMuon"),
-                                                   ("tiny_qwen3_moe", "soap", "MegatronSoap")])
+                                                   ("tiny_qwen3_moe", "soap", "MegatronSOAP"),
+                                                   ("tiny_kimi_k2", "normuon", "MegatronNorMuon")])
 def test_bridge_setup_optimizer_provides_and_trains_ours(spec, optimizer, ours):
     result = run_distributed(train_through_bridge_setup_optimizer, world_size=2, args=(spec, 10, optimizer),
                              timeout_s=300)[0]
@@ -74,7 +75,8 @@ def test_engine_config_carries_our_validated_config_and_megatrons_fields(bridge)
 def test_provide_refuses_a_config_without_ours(bridge):
     from nemo_muon.megatron.bridge_provider import EngineOptimizerConfig
 
-    with pytest.raises(ValueError, match="engine_config must be a MuonConfig or SoapConfig; got AdamWConfig"):
+    with pytest.raises(ValueError, match=r"engine_config must be a registered matrix optimizer's config \(nemo_muon"
+                                         r".registry: Muon, SOAP, NorMuon, ...\); got AdamWConfig"):
         EngineOptimizerConfig(engine_config=AdamWConfig(lr=1e-3)).provide(model_chunks=[])
     with pytest.raises(ValueError, match=r"has no field\(s\) \['muon_unknown_knob'\]"):
         from nemo_muon.megatron.bridge_provider import engine_optimizer_config

@@ -1,0 +1,62 @@
+"""NorMuon (Li et al., arXiv 2510.05491): Muon whose orthogonalized update is normalized per row by a second
+moment, then rescaled to the orthogonalized update's Frobenius norm. Its config and its registry entry; the update
+is `nemo_muon.optim.normuon.NorMuon`.
+
+Per matrix (after Muon's momentum and Newton–Schulz, O = NS(u)): with the mean taken along the longer side,
+v <- v.lerp(mean(O², long side), 1 - beta2);  Ô = O · rsqrt(max(v, eps));  Ô <- Ô · ‖O‖_F / max(‖Ô‖_F, eps);
+then Muon's scale. The same as emerging-optimizers' ``AdaptiveMuon(moment2_method="normuon")``, which is the test's
+reference; ours adds what Muon has there: the AdamW part, fused-weight splitting, 3-D expert stacks (per expert),
+the layer-wise engines and split ownership.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from nemo_muon._validation import check_range
+from nemo_muon.config.optimizer import MuonConfig
+from nemo_muon.registry.muon import MUON_RUNTIME_ARGS, muon_adam_part, muon_routing, muon_update_flops
+from nemo_muon.registry.spec import MatrixSpec, MegatronSpec, OptimizerSpec, Shape
+
+
+@dataclass(kw_only=True)
+class NorMuonConfig(MuonConfig):
+    """Muon's fields, and the row-wise second moment of the orthogonalized update."""
+
+    beta2: float = 0.95
+    """EMA rate of the second moment (emerging-optimizers' ``beta2``)."""
+    eps: float = 1e-8
+    """Floor of the second moment and of the norm ratio."""
+
+    name: str = dataclasses.field(default="normuon", init=False)
+
+    def validate(self) -> None:
+        super().validate()
+        check_range("normuon.beta2", self.beta2, low=0.0, high=1.0, high_inclusive=False)
+        check_range("normuon.eps", self.eps, low=0.0, low_inclusive=False)
+
+
+def normuon_state_elements(shape: Shape) -> int:
+    """The momentum, and one second-moment value per row of the longer side."""
+    *batch, m, n = shape
+    return math.prod(shape) + math.prod(batch) * max(m, n)
+
+
+SPEC = OptimizerSpec(
+    name="normuon",
+    label="NorMuon",
+    config_class=NorMuonConfig,
+    implementation="nemo_muon.optim.normuon:NorMuon",
+    runtime_args=MUON_RUNTIME_ARGS,
+    matrix=MatrixSpec(routing=muon_routing, update_flops=muon_update_flops, per_part=True,
+                      state_elements=normuon_state_elements, newton_schulz=True,
+                      splittable=False),  # the torch engine's split runs NS on slices; the row moment needs all
+    megatron=MegatronSpec(
+        engines=("nemo_muon",), bridge_name="muon", registered_name="nemo_normuon", adam_part=muon_adam_part,
+        fields="nemo_muon.megatron.optimizer_config:muon_fields",  # its Muon part, for Megatron's logged config
+        dist_checkpoint=False,  # the second moment has one value per row, not the parameter's shape
+        recipe_defaults={"split_gate_up": False, "nonfinite": "raise"},
+    ),
+)

@@ -1,0 +1,87 @@
+"""What the house needs to know of one optimizer: `OptimizerSpec` (torch-free data; see ``nemo_muon.registry``).
+
+A spec names the parts that live in higher layers (the torch optimizer class, Megatron's field mapping) by
+``"module:attribute"`` references, resolved by the layer that uses them (`resolve`), so the registry itself stays
+importable on a login node without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Shape = tuple[int, ...]
+Hyperparameters = Mapping[str, Any]
+"""A config's fields (``dataclasses.asdict``) or an optimizer's param group: the cost functions read keys."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatrixSpec:
+    """How a matrix optimizer (whole matrices per data-parallel rank) treats the hidden matrices."""
+
+    routing: Callable[[Any], dict[str, bool]]
+    """Config -> ``split_qkv`` / ``split_gate_up``: which fused weights its update splits into their parts."""
+    update_flops: Callable[[Shape, Hyperparameters], float]
+    """FLOPs per step of the update of one matrix (of one part, when ``per_part``): the ownership cost."""
+    per_part: bool
+    """The update runs on each fused part separately (Muon's NS) or on the fused matrix whole (SOAP)."""
+    state_elements: Callable[[Shape], int]
+    """fp32 state elements one owned matrix holds besides its fp32 master (momentum, factors, ...)."""
+    newton_schulz: bool
+    """The update is Newton–Schulz: its FLOPs are the ones the MFU accounting counts (``ns_flops``)."""
+    splittable: bool
+    """Split ownership (``ns_split_target``: one matrix's NS over a block of DP ranks) applies."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronSpec:
+    """How the optimizer runs on the megatron backend."""
+
+    engines: tuple[str, ...]
+    """The ``optimizer.engine`` values it accepts: 'nemo_muon' (ours inside Megatron's layer-wise optimizer),
+    'megatron' (Megatron-Core's own implementation); () for an element-wise optimizer (Megatron's distributed one)."""
+    bridge_name: str
+    """Megatron's / Bridge's optimizer name for its family ('muon', 'soap', 'adam'): what Bridge's setup and
+    Megatron's DDP defaults key on."""
+    registered_name: str | None = None
+    """Engine 'nemo_muon' on Megatron-Core >= 0.18: the name ours is registered under in Megatron's emerging-optimizer
+    registry (``OptimizerConfig.optimizer``)."""
+    fields: str | None = None
+    """``"module:function"`` of the mapping ``(config, api, field_names, *, engine, ...) -> (OptimizerConfig kwargs,
+    Megatron's name)`` (``nemo_muon.megatron.optimizer_config``): the fields Megatron's config shows for either
+    engine (engine 'nemo_muon' never reads them back), and what engine 'megatron' runs."""
+    adam_part: Callable[[Any], tuple[tuple[float, float], float]] = lambda cfg: (cfg.betas, cfg.eps)
+    """Config -> (betas, eps) of Megatron's Adam, which updates what the matrix optimizer does not."""
+    dist_checkpoint: bool = True
+    """Engine 'nemo_muon': its state is shaped like its parameters, as Megatron's ``dist_checkpointing`` requires."""
+    recipe_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Config values the megatron perf recipes set where our defaults are not what Megatron-Core can honour."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    """One optimizer: its name, config class, implementation, cost and Megatron integration."""
+
+    name: str
+    """The name recipes, overrides (``optimizer=<name>``), documents and reports use; the config's ``name``."""
+    label: str
+    """Human name (``Muon``)."""
+    config_class: type
+    """The validated config dataclass; found by exact class (`nemo_muon.registry.spec_for`)."""
+    implementation: str
+    """``"module:Class"`` of the torch optimizer: ``Class(named_params, **config.optimizer_kwargs(), **runtime)``."""
+    runtime_args: tuple[str, ...]
+    """Keyword arguments the implementation takes besides the config's (``tp_group``, ``fused_layouts``, ...)."""
+    matrix: MatrixSpec | None
+    """None: an element-wise optimizer (state sharded by elements: Megatron's distributed optimizer)."""
+    megatron: MegatronSpec
+
+
+def resolve(reference: str) -> Any:
+    """The object a ``"module:attribute"`` reference names (imports the module)."""
+    module, sep, attribute = reference.partition(":")
+    if not sep or not module or not attribute:
+        raise ValueError(f"an optimizer spec reference must have the form 'module:attribute'; got {reference!r}")
+    return getattr(importlib.import_module(module), attribute)
