@@ -15,6 +15,7 @@ matrices of one step together so distributed-mode collectives are fused.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, SCALE_MODES, MuonConfig
+from nemo_muon.config.optimizer import SCALE_MODES, MuonConfig
 from nemo_muon.optim.fused import merge_parts, split_parts
 from nemo_muon.optim.ns_iteration import gather_shards, newton_schulz_many
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
@@ -69,6 +70,14 @@ def newton_schulz_stacked(xs: list[torch.Tensor], steps: int, coefficients: str,
     return out  # type: ignore[return-value]
 
 
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(MuonConfig) if f.init)
+MUON_GROUP_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(MuonConfig)
+    if f.init and f.name not in ("split_qkv", "split_gate_up", "nonfinite", "tp_mode", "engine", "ns_split_target"))
+"""`MuonConfig`'s fields a param group may set (the others are the optimizer's: routing, policy, TP mode, and the
+layer-wise engines' and the megatron backend's)."""
+
+
 @dataclass(frozen=True)
 class SplitShare:
     """This rank's share of a whole matrix whose Newton–Schulz an aligned block of data-parallel ranks runs
@@ -102,44 +111,36 @@ class Muon(RoutedOptimizer):
         self,
         params: Iterable[Any],
         lr: float,
-        weight_decay: float = DEFAULT_WEIGHT_DECAY,
+        weight_decay: float = MuonConfig.weight_decay,
         *,
-        momentum: float = 0.95,
-        nesterov: bool = True,
-        ns_steps: int = 5,
-        coefficients: str = "quintic",
-        scale_mode: str = "spectral",
-        extra_scale_factor: float = 1.0,
-        ns_precision: str = "fp32",
-        split_qkv: bool = True,
-        split_gate_up: bool = True,
-        adamw_betas: tuple[float, float] = (0.9, 0.95),
-        adamw_eps: float = 1e-8,
-        adamw_lr: float | None = None,
-        nonfinite: str = "skip",
+        momentum: float = MuonConfig.momentum,
+        nesterov: bool = MuonConfig.nesterov,
+        ns_steps: int = MuonConfig.ns_steps,
+        coefficients: str = MuonConfig.coefficients,
+        scale_mode: str = MuonConfig.scale_mode,
+        extra_scale_factor: float = MuonConfig.extra_scale_factor,
+        ns_precision: str = MuonConfig.ns_precision,
+        split_qkv: bool = MuonConfig.split_qkv,
+        split_gate_up: bool = MuonConfig.split_gate_up,
+        adamw_betas: tuple[float, float] = MuonConfig.adamw_betas,
+        adamw_eps: float = MuonConfig.adamw_eps,
+        adamw_lr: float | None = MuonConfig.adamw_lr,
+        nonfinite: str = MuonConfig.nonfinite,
         tp_group: dist.ProcessGroup | None = None,
-        tp_mode: str = "duplicated",
+        tp_mode: str = MuonConfig.tp_mode,
         matrix_rule: MatrixRule | None = None,
         fused_layouts: Mapping[str, FusedLayout | Mapping | None] | None = None,
         master_weights: bool = False,
         batch_ns: bool = False,
     ) -> None:
-        MuonConfig(  # the one place the ranges live; raises naming the field
-            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
-            coefficients=coefficients, scale_mode=scale_mode, extra_scale_factor=extra_scale_factor,
-            ns_precision=ns_precision, tp_mode=tp_mode, split_qkv=split_qkv, split_gate_up=split_gate_up,
-            adamw_lr=adamw_lr, adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, nonfinite=nonfinite,
-        )
-        self._group_fields = ("lr", "weight_decay", "momentum", "nesterov", "ns_steps", "coefficients", "scale_mode",
-                              "extra_scale_factor", "ns_precision", "adamw_lr", "adamw_betas", "adamw_eps")
+        # the config's fields, named once (the signature) and validated once (MuonConfig: raises naming the field)
+        given = {k: v for k, v in locals().items() if k in _CONFIG_FIELDS}
+        config = MuonConfig(**{**given, "adamw_betas": tuple(adamw_betas)})
+        self._group_fields = MUON_GROUP_FIELDS
         self.tp_group = tp_group
         self.tp_mode = tp_mode
         self.batch_ns = bool(batch_ns)
-        defaults = dict(
-            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
-            coefficients=coefficients, scale_mode=scale_mode, extra_scale_factor=extra_scale_factor,
-            ns_precision=ns_precision, adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps,
-        )
+        defaults = {k: getattr(config, k) for k in MUON_GROUP_FIELDS if k != "adamw_lr"}  # the base adds adamw_lr
         super().__init__(
             params, defaults, nonfinite=nonfinite, master_weights=master_weights, matrix_rule=matrix_rule,
             fused_layouts=fused_layouts, split_qkv=split_qkv, split_gate_up=split_gate_up, adamw_lr=adamw_lr,

@@ -21,17 +21,22 @@ layout first). Fused weights are preconditioned whole (no split).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, SoapConfig
+from nemo_muon.config.optimizer import SoapConfig
 from nemo_muon.optim.muon import tensor_partition_dim
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
 from nemo_muon.optim.routing import GateUpLayout, MatrixRule
 
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(SoapConfig) if f.init)
+SOAP_GROUP_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SoapConfig)
+                                           if f.init and f.name not in ("nonfinite", "engine"))
+"""`SoapConfig`'s fields a param group may set."""
 NOT_BUILT_STEP = -1.0
 """``state["step"]`` of a placeholder state: the preconditioner is built at the next step."""
 
@@ -81,23 +86,24 @@ class SOAP(RoutedOptimizer):
         self,
         params: Iterable[Any],
         lr: float,
-        weight_decay: float = DEFAULT_WEIGHT_DECAY,
+        weight_decay: float = SoapConfig.weight_decay,
         *,
-        betas: tuple[float, float] = (0.9, 0.95),
-        shampoo_beta: float = 0.95,
-        eps: float = 1e-8,
-        precondition_frequency: int = 1,
-        nonfinite: str = "skip",
+        betas: tuple[float, float] = SoapConfig.betas,
+        shampoo_beta: float = SoapConfig.shampoo_beta,
+        eps: float = SoapConfig.eps,
+        precondition_frequency: int = SoapConfig.precondition_frequency,
+        nonfinite: str = SoapConfig.nonfinite,
         tp_group: dist.ProcessGroup | None = None,
         matrix_rule: MatrixRule | None = None,
         master_weights: bool = False,
     ) -> None:
-        SoapConfig(lr=lr, weight_decay=weight_decay, betas=tuple(betas), shampoo_beta=shampoo_beta, eps=eps,
-                   precondition_frequency=precondition_frequency, nonfinite=nonfinite)
+        # the config's fields, named once (the signature) and validated once (SoapConfig: raises naming the field)
+        given = {k: v for k, v in locals().items() if k in _CONFIG_FIELDS}
+        config = SoapConfig(**{**given, "betas": tuple(betas)})
         self.tp_group = tp_group
-        self._group_fields = ("lr", "weight_decay", "betas", "shampoo_beta", "eps", "precondition_frequency")
-        defaults = dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas), shampoo_beta=shampoo_beta, eps=eps,
-                        precondition_frequency=precondition_frequency, adamw_betas=tuple(betas), adamw_eps=eps)
+        self._group_fields = SOAP_GROUP_FIELDS
+        defaults = {k: getattr(config, k) for k in SOAP_GROUP_FIELDS}
+        defaults.update(adamw_betas=config.betas, adamw_eps=config.eps)  # the AdamW part: SOAP's betas and eps
         super().__init__(params, defaults, nonfinite=nonfinite, master_weights=master_weights,
                          matrix_rule=matrix_rule, fused_layouts=None, split_qkv=False, split_gate_up=True,
                          adamw_lr=None)
