@@ -1,6 +1,6 @@
 """Build a recipe from its name and overrides, describe it, and run its backend (torch-free until it trains).
 
-Shared by the NeMo-Run entrypoint (`nemo llm pretrain`), executor tasks (`run_recipe` is what every rank of a
+Shared by the NeMo-Run entrypoint (`nemo llm pretrain`), executor tasks (`nemo_run_task` is what every rank of a
 NeMo-Run launch calls) and the operator CLI. A recipe is resolved once (`build_recipe`); what runs it on a rank is
 `run_resolved`, the one launch path every entry point calls.
 """
@@ -89,7 +89,7 @@ def pretrain_recipe(recipe: TrainingRecipe, **kwargs: Any) -> Any:
 
 
 def run_resolved(recipe: TrainingRecipe, **kwargs: Any) -> int:
-    """Run this resolved recipe on this rank: the one launch path of NeMo-Run's task (`run_recipe`), the job every
+    """Run this resolved recipe on this rank: the one launch path of NeMo-Run's task (`nemo_run_task`), the job every
     launcher starts (``python -m nemo_muon.launchers.run_recipe``) and ``python -m nemo_muon.train.pretrain``.
 
     Trains ``recipe`` with its backend (`pretrain_recipe`; ``kwargs`` go to it) and returns the exit code: 0, or a
@@ -102,7 +102,7 @@ def run_resolved(recipe: TrainingRecipe, **kwargs: Any) -> int:
     return run_or_refuse(lambda: pretrain_recipe(recipe, **kwargs), rank=int(os.environ.get("RANK", "0")))
 
 
-def run_recipe(recipe: Mapping[str, Any] | str, overrides: Sequence[str] = ()) -> None:
+def nemo_run_task(recipe: Mapping[str, Any] | str, overrides: Sequence[str] = ()) -> None:
     """What each rank of a NeMo-Run launch calls: ``recipe`` is the resolved document the launch built
     (`nemo_muon.recipes.resolved`, a plain dict in the task's ``run.Partial``), loaded and checked here, or a
     registered name that is resolved once, here, with ``overrides``. Then `run_resolved`; a refusal ends the rank

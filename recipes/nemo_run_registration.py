@@ -150,7 +150,7 @@ def _check_executor_world(executor: Any, world_size: int) -> None:
 
 def launch(ctx: RunContext, recipe_name: str, overrides: list[str]) -> None:
     """Build (once), print (dry run) or run one recipe: in this process without an executor, else as a NeMo-Run task
-    that receives the resolved document (`nemo_muon.recipes.execute.run_recipe` loads it on every rank)."""
+    that receives the resolved document (`nemo_muon.recipes.execute.nemo_run_task` loads it on every rank)."""
     try:
         recipe = build_recipe(recipe_name, overrides)
         document = to_document(recipe, source=recipe_name, overrides=overrides)
@@ -163,7 +163,7 @@ def launch(ctx: RunContext, recipe_name: str, overrides: list[str]) -> None:
         _check_executor_world(executor, recipe.world_size)
         executor.env_vars.update(recipe.env)
         # resolved once, here: every rank loads this plain dict (nemo_muon.recipes.resolved), nothing re-parses
-        task = run.Partial(_run_recipe_task(), recipe=document)
+        task = run.Partial(_nemo_run_task_function(), recipe=document)
         run.run(task, executor=executor, name=recipe.name, dryrun=ctx.dryrun, detach=ctx.detach)
     elif not ctx.dryrun:
         code = run_resolved(recipe)
@@ -171,10 +171,10 @@ def launch(ctx: RunContext, recipe_name: str, overrides: list[str]) -> None:
             raise SystemExit(code)
 
 
-def _run_recipe_task() -> Callable:
-    from nemo_muon.recipes.execute import run_recipe
+def _nemo_run_task_function() -> Callable:
+    from nemo_muon.recipes.execute import nemo_run_task
 
-    return run_recipe
+    return nemo_run_task
 
 
 def _make_pretrain(namespace: str) -> Callable:

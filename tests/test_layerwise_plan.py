@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from nemo_muon.accounting.model_ownership import KIMI_K2_BRIDGE_LAYERS, compare_methods, model_plan
-from nemo_muon.accounting.ownership import (
+from nemo_muon.accounting.ownership_plan import (
     PlanItem,
     lpt_assign,
     ping_pong_assign,

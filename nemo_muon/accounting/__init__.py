@@ -1,6 +1,6 @@
 """Torch-free cost models: model FLOPs, Newton–Schulz FLOPs (``ns_count``, the one NS FLOP formula) and the NS
 algorithm / TP-mode choice (``ns_choice``), GPU peaks and MFU, layout validation, layer-wise ownership
-(``ownership``: LPT and baselines; ``model_ownership``: per-stage plans of a ModelSpec) and the planner. The
+(``ownership_plan``: LPT and baselines; ``model_ownership``: per-stage plans of a ModelSpec) and the planner. The
 planner and the engines (``nemo_muon.optim``, ``nemo_muon.layerwise``, ``nemo_muon.megatron``) import them from here.
 
 Counting rules: docs/flops.md.

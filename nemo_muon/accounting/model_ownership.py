@@ -33,7 +33,7 @@ together (``accounting.ns_split``: distributed NS over the block, its true per-m
 busiest rank's largest matrix until the stage's max/mean reaches the target (``ownership.plan_ownership``). Only
 with TP = 1 (under TP a matrix is already a shard; a split would nest in the TP mode) and never for routed experts
 (owned within their EP rank's expert-DP group, or, at EP = 1, kept whole as the engines keep them).
-``split_gather_update`` counts the extra all-gather of the whole update that Megatron's layer-wise optimizer needs (``nemo_muon.megatron.ownership``); the torch engine shares the slices in its usual buckets.
+``split_gather_update`` counts the extra all-gather of the whole update that Megatron's layer-wise optimizer needs (``nemo_muon.megatron.cost_balanced``); the torch engine shares the slices in its usual buckets.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from nemo_muon._validation import check_choice, check_positive_int, fail
 from nemo_muon.accounting.layout import Layout
 from nemo_muon.accounting.ns_count import TP_MODES, ns_flops_per_tp_rank, spec_partition_dim
 from nemo_muon.accounting.ns_split import DEFAULT_BALANCE_TARGET, split_options
-from nemo_muon.accounting.ownership import METHODS, Method, OwnershipPlan, PlanItem, max_over_mean, plan_ownership
+from nemo_muon.accounting.ownership_plan import METHODS, Method, OwnershipPlan, PlanItem, max_over_mean, plan_ownership
 from nemo_muon.models.matrices import ParamInfo, is_moe_layer, layer_params, non_layer_params
 from nemo_muon.models.specs import ModelSpec
 

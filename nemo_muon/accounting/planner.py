@@ -38,7 +38,7 @@ from nemo_muon.accounting.model_flops import model_flops_per_token
 from nemo_muon.accounting.model_ownership import CostModel, StagePlan, StageTensor, stage_plan
 from nemo_muon.accounting.ns_count import matrix_ns_flops
 from nemo_muon.accounting.ns_split import DEFAULT_BALANCE_TARGET
-from nemo_muon.accounting.ownership import max_over_mean
+from nemo_muon.accounting.ownership_plan import max_over_mean
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.matrices import is_moe_layer, layer_params, param_counts
 from nemo_muon.models.specs import ModelSpec

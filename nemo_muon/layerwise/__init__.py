@@ -1,6 +1,6 @@
 """nemo_muon.layerwise: the layer-wise distributed optimizer (whole tensors per data-parallel rank).
 
-The ownership it runs is computed by the torch-free ``nemo_muon.accounting`` package (``ownership``: NS/SOAP cost,
+The ownership it runs is computed by the torch-free ``nemo_muon.accounting`` package (``ownership_plan``:
 LPT and the round-robin / ping-pong baselines; ``model_ownership``: plans of a whole ModelSpec under PP/DP/EP).
 
 - ``optimizer``: ``LayerWiseDistributedOptimizer``, which coordinates its parts: ``plan_items`` (the plan),

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import check_choice, check_range, fail
-from nemo_muon.accounting.ownership import METHODS, OwnershipPlan
+from nemo_muon.accounting.ownership_plan import METHODS, OwnershipPlan
 from nemo_muon.config.optimizer import NONFINITE_POLICIES
 from nemo_muon.layerwise.buckets import COLLECTIVES, Bucket
 from nemo_muon.layerwise.grad_reduction import GradientReduction

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_muon.accounting.ownership import OwnershipPlan
+from nemo_muon.accounting.ownership_plan import OwnershipPlan
 from nemo_muon.layerwise.buckets import Bucket, Entry, build_buckets, resolve_collectives
 from nemo_muon.layerwise.pieces import Piece, make_piece
 from nemo_muon.layerwise.plan_items import engine_plan, is_factory, matrix_route

@@ -29,7 +29,7 @@ import torch
 
 from nemo_muon._validation import fail
 from nemo_muon.accounting.ns_split import split_options
-from nemo_muon.accounting.ownership import OwnershipPlan, PlanItem, plan_ownership
+from nemo_muon.accounting.ownership_plan import OwnershipPlan, PlanItem, plan_ownership
 from nemo_muon.optim.routing import MATRIX, QKVLayout, Route, route_param
 from nemo_muon.registry import MatrixSpec, spec_for, spec_named
 from nemo_muon.registry.cost import ns_cost

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from nemo_muon.accounting.ownership import OwnershipPlan
+from nemo_muon.accounting.ownership_plan import OwnershipPlan
 from nemo_muon.layerwise.pieces import Piece
 
 

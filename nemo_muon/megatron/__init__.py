@@ -6,7 +6,7 @@ of Megatron-Core, Bridge or NeMo:
 * `optimizer_config`: our optimizer configs -> Megatron-Core's `OptimizerConfig` (both API generations);
 * `build`: the Megatron optimizer of a config over DDP-wrapped model chunks;
 * `registration`: nemo-muon's Muon inside Megatron-Core's layer-wise distributed optimizer (engine 'nemo_muon');
-* `ownership`: on Megatron-Core 0.16, that optimizer owning the matrices by update cost (and split ownership);
+* `cost_balanced`: on Megatron-Core 0.16, that optimizer owning the matrices by update cost (and split ownership);
 * `nonfinite`: the skip / raise decision on the global gradient norm (engine 'nemo_muon');
 * `bridge_provider`: that engine in Megatron-Bridge >= 0.4, through ``OptimizerConfig.provide()`` (imports Bridge);
 * `bridge_hook`: that engine in Megatron-Bridge 0.3 (NGC 26.02), by rebinding one name of its optimizer setup;
@@ -24,7 +24,7 @@ from typing import Any
 
 SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_perf_recipes", "bridge_presets", "bridge_provider",
                                "build", "model_config",
-                               "nemo2", "nonfinite", "optimizer_config", "ownership", "recipe_rules", "registration",
+                               "nemo2", "nonfinite", "optimizer_config", "cost_balanced", "recipe_rules", "registration",
                                "stack")
 
 

@@ -35,7 +35,7 @@ def _check_architecture(recipe: TrainingRecipe) -> None:
 
 def _check_split(recipe: TrainingRecipe, mcore: str | None, where: str) -> None:
     """``optimizer.ns_split_target`` runs inside our ownership of Megatron-Core 0.16's layer-wise optimizer only
-    (`nemo_muon.megatron.ownership`): engine nemo_muon, TP = 1; 0.18+ takes ownership from DDP's layout."""
+    (`nemo_muon.megatron.cost_balanced`): engine nemo_muon, TP = 1; 0.18+ takes ownership from DDP's layout."""
     target = getattr(recipe.optimizer, "ns_split_target", None)
     if target is None:
         return

@@ -7,7 +7,7 @@ the matrix update; everything else -> Megatron's Adam), its param groups (lr / w
 (whole matrices per data-parallel rank, gradient-norm / zero-count reduction, the param all-gather, checkpoints) and
 its Adam for the rest. What is ours: the matrix update, `engine_class(<our optimizer>)` (e.g. ``MegatronMuon`` =
 `nemo_muon.Muon` over Megatron's params: our Newton–Schulz, TP modes over Megatron's tensor-parallel group,
-fused-weight splitting by parameter name); on 0.16 the ownership by update cost (`nemo_muon.megatron.ownership`); on
+fused-weight splitting by parameter name); on 0.16 the ownership by update cost (`nemo_muon.megatron.cost_balanced`); on
 both the step-level non-finite policy (`nemo_muon.megatron.nonfinite`).
 
 Hyperparameters are stated once: the recipe's validated config (``ours``) travels to the build and its fields are
@@ -220,11 +220,11 @@ def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: An
     ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), applied to both parts.
     ``ours``: the recipe's validated optimizer config; its registry entry names the class, its fields are the
     keyword arguments (`engine_kwargs`). ``ownership``: 'ns_cost' (LPT on the update cost,
-    `nemo_muon.megatron.ownership`) or 'megatron' (Megatron's numel ping-pong, for comparison)."""
+    `nemo_muon.megatron.cost_balanced`) or 'megatron' (Megatron's numel ping-pong, for comparison)."""
     from megatron.core.optimizer import _get_param_groups, get_megatron_optimizer
     from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
 
-    from nemo_muon.megatron.ownership import ns_balanced_class
+    from nemo_muon.megatron.cost_balanced import ns_balanced_class
 
     if config.use_distributed_optimizer or config.fp16:
         raise ValueError("the layer-wise optimizer needs use_distributed_optimizer=False and fp16=False; got "

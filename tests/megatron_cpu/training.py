@@ -541,8 +541,8 @@ def ownership_loads(rank: int, world_size: int, group: Any, spec_name: str, opti
     shims.install()
     from megatron.core import parallel_state
 
+    from nemo_muon.megatron.cost_balanced import matrix_cost
     from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
-    from nemo_muon.megatron.ownership import matrix_cost
     from nemo_muon.megatron.registration import build_layer_wise_016
 
     parallel_state.initialize_model_parallel()

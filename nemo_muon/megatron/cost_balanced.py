@@ -11,7 +11,7 @@ starting from the expert work each rank already has, as ``nemo-muon plan`` model
 (all-gather of the owned shards, master weights, checkpoints) is Megatron's, unchanged.
 
 Split ownership (``MuonConfig.ns_split_target``, 0.16, Muon, TP = 1): the dense matrices are planned by
-`nemo_muon.accounting.ownership.plan_ownership` with a balance target, exactly as the torch engine plans them
+`nemo_muon.accounting.ownership_plan.plan_ownership` with a balance target, exactly as the torch engine plans them
 (``accounting.ns_split``, counting the extra all-gather of the update). A split matrix stays whole in the optimizer
 of every member of its block (each holds the fp32 master and the momentum, and receives the full reduced gradient:
 0.16's DDP all-reduces); our Muon runs its Newton–Schulz distributed over the block (`Muon.share_split`), so every
@@ -30,7 +30,7 @@ import functools
 from typing import Any
 
 from nemo_muon.accounting.ns_split import split_options
-from nemo_muon.accounting.ownership import PlanItem, ping_pong_assign, plan_ownership
+from nemo_muon.accounting.ownership_plan import PlanItem, ping_pong_assign, plan_ownership
 from nemo_muon.optim.fused import split_parts
 from nemo_muon.optim.muon import Muon, SplitShare
 from nemo_muon.optim.routed import RoutedOptimizer
