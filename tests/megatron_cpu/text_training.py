@@ -46,32 +46,22 @@ def train_on_text(rank: int, world_size: int, group: Any, spec_name: str, opt: A
     the (step, validation loss) points."""
     import torch
     import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from nemo_muon.config.optimizer import AdamWConfig
-    from nemo_muon.megatron.build import build_megatron_optimizer
-    from tests.megatron_cpu import shims
-    from tests.megatron_cpu.training import _pg_collection, _seeded_model
+    from tests.megatron_cpu.training import megatron_parallel, replica
 
-    shims.install()
-    parallel_state.initialize_model_parallel()
-    try:
+    with megatron_parallel() as parallel_state:
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
         data = run.token_data()
         steps, seq, micro_batch, global_batch = run.steps, run.seq, run.micro_batch, run.global_batch
-        layer_wise = not isinstance(opt, AdamWConfig)
-        _, config, _, opt, ddp_model = _seeded_model(spec_name, opt.name, opt=opt, seq=seq)
-        optimizer, _ = build_megatron_optimizer(opt, [ddp_model], grad_clip=run.grad_clip,
-                                                pg_collection=_pg_collection() if layer_wise else None,
-                                                min_lr=opt.lr * run.min_lr_ratio)
+        built = replica(spec_name, opt.name, opt=opt, seq=seq,
+                        build_kwargs={"grad_clip": run.grad_clip, "min_lr": opt.lr * run.min_lr_ratio})
+        ddp_model, optimizer = built.ddp_model, built.optimizer
         scheduler = OptimizerParamScheduler(
             optimizer, init_lr=0.0, max_lr=opt.lr, min_lr=opt.lr * run.min_lr_ratio, lr_warmup_steps=run.warmup,
             lr_decay_steps=steps, lr_decay_style="cosine", start_wd=opt.weight_decay, end_wd=opt.weight_decay,
             wd_incr_steps=steps, wd_incr_style="constant")
-        config.finalize_model_grads_func = finalize_model_grads
-        config.no_sync_func = ddp_model.no_sync
         dp_rank, dp = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
         per_rank = global_batch // dp
         for field, windows in (("global_batch", global_batch), ("eval_windows", run.eval_windows)):
@@ -126,5 +116,3 @@ def train_on_text(rank: int, world_size: int, group: Any, spec_name: str, opt: A
             if (step + 1) % run.eval_interval == 0 or step + 1 == steps:
                 val.append((step + 1, validate()))
         return {"losses": losses, "val": val}
-    finally:
-        parallel_state.destroy_model_parallel()

@@ -7,7 +7,10 @@ layer-wise Muon), `forward_backward_no_pipelining` with `finalize_model_grads`, 
 What is ours: the four shims (`shims.py`), MLA's core attention (`mla_attention.py`: the local spec has none that
 takes separate key/value head sizes), the CPU kernel choices below (no fused kernels without TE/Apex, the
 allgather dispatcher, no grouped GEMM), and a deterministic synthetic batch per (step, DP rank).
-`train_tiny` runs on every rank under `nemo_muon.train.spawn.spawn_ranks`.
+Every scenario (`train_tiny`, the lockstep and single-process comparisons, TP, EP, the non-finite and resume
+scenarios, `text_training.train_on_text`) runs inside the one harness context, `megatron_parallel` (shims, Megatron's
+parallel state, its teardown), and gets its model and optimizer from `replica`; each runs on every rank under
+`nemo_muon.train.spawn.spawn_ranks`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from typing import Any
 
 SEQ, MICRO_BATCH, SEED = 32, 4, 1234
@@ -115,6 +119,65 @@ def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon"
     ddp_model = _ddp(model, config, opt, optimizer_name != "adamw", grad_reduce_in_fp32)
     ddp_model.broadcast_params()
     return model, config, spec, opt, ddp_model
+
+
+@contextlib.contextmanager
+def megatron_parallel(without_shims: tuple[str, ...] = (), **sizes: int) -> Iterator[Any]:
+    """The one context of every scenario: the CPU shims (`shims.install`, all but ``without_shims``), Megatron's
+    model-parallel state for ``sizes`` (``initialize_model_parallel``'s keywords: TP, EP, ...), torn down afterwards
+    whatever the scenario raised. Yields Megatron's ``parallel_state``."""
+    from tests.megatron_cpu import shims
+
+    shims.install(without=without_shims)
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(**sizes)
+    try:
+        yield parallel_state
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+@dataclasses.dataclass
+class Replica:
+    """One scenario's model and optimizer: the seeded model, its config and spec, our optimizer config, the DDP-wrapped
+    model wired into Megatron's schedule, and the Megatron optimizer our mapping built (None when the scenario builds
+    its own, e.g. through Bridge or NeMo)."""
+
+    model: Any
+    config: Any
+    spec: Any
+    opt: Any
+    ddp_model: Any
+    pgs: Any = None
+    optimizer: Any = None
+    optimizer_config: Any = None
+
+    @property
+    def names(self) -> dict[int, str]:
+        """id(param) -> the model's parameter name."""
+        return {id(p): n for n, p in self.ddp_model.module.named_parameters()}
+
+
+def replica(spec_name: str, optimizer_name: str = "muon", *, build: bool = True, build_kwargs: dict | None = None,
+            **model_kwargs: Any) -> Replica:
+    """A `Replica` inside `megatron_parallel`: `_seeded_model` (``model_kwargs``), `finalize_model_grads` and DDP's
+    ``no_sync`` set on the model config as Megatron's schedule wants them, and with ``build`` the optimizer
+    `build_megatron_optimizer` makes (``build_kwargs``; the layer-wise one gets the process groups explicitly)."""
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    from nemo_muon.megatron.build import build_megatron_optimizer
+    from nemo_muon.registry import spec_for
+
+    model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name, **model_kwargs)
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = ddp_model.no_sync
+    run = Replica(model, config, spec, opt, ddp_model, pgs=_pg_collection())
+    if build:
+        layer_wise = spec_for(opt).matrix is not None
+        run.optimizer, run.optimizer_config = build_megatron_optimizer(
+            opt, [ddp_model], pg_collection=run.pgs if layer_wise else None, **(build_kwargs or {}))
+    return run
 
 
 GLOBAL_MICRO_BATCHES = 2
@@ -281,24 +344,12 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
     """
     import torch
 
-    from tests.megatron_cpu import shims
-
-    shims.install()
-    from megatron.core import parallel_state
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-
-    from nemo_muon.megatron.build import build_megatron_optimizer
-
-    parallel_state.initialize_model_parallel()
-    try:
+    with megatron_parallel() as parallel_state:
         replicas = {}
         for engine in ("megatron", "nemo_muon"):
-            model, config, spec, opt, ddp_model = _seeded_model(spec_name, "muon", engine)
-            optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection())
-            config.finalize_model_grads_func = finalize_model_grads
-            config.no_sync_func = ddp_model.no_sync
-            names = {id(p): n for n, p in ddp_model.module.named_parameters()}
-            replicas[engine] = (ddp_model, optimizer, _matrix_masters(optimizer, names))
+            run = replica(spec_name, "muon", engine=engine)
+            spec = run.spec
+            replicas[engine] = (run.ddp_model, run.optimizer, _matrix_masters(run.optimizer, run.names))
         (theirs_model, theirs_opt, theirs_masters), (ours_model, ours_opt, ours_masters) = replicas.values()
         if set(theirs_masters) != set(ours_masters) or not ours_masters:
             raise AssertionError(f"the two engines own different matrices on rank {rank}: "
@@ -337,8 +388,6 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
                 "step_s": step_s, "collective_bytes": comm_bytes,
                 "ns_flops_on_rank": sum(matrix_ns_flops(tuple(m.shape)) for m, _ in ours_masters.values()),
                 "optimizers": {e: _optimizer_classes(o) for e, (_, o, _) in replicas.items()}}
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 def matrix_optimizer_against_single_process(rank: int, world_size: int, group: Any, spec_name: str,
@@ -350,24 +399,14 @@ def matrix_optimizer_against_single_process(rank: int, world_size: int, group: A
     reference's parameters, and the largest |value|."""
     import torch
 
-    from tests.megatron_cpu import shims
-
-    shims.install()
-    from megatron.core import parallel_state
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-
-    from nemo_muon.megatron.build import build_megatron_optimizer
     from nemo_muon.megatron.registration import engine_class_of, engine_kwargs
     from nemo_muon.registry import spec_for
 
-    parallel_state.initialize_model_parallel()
-    try:
-        _, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name)
-        pgs = _pg_collection()
-        optimizer, optimizer_config = build_megatron_optimizer(opt, [ddp_model], pg_collection=pgs)
-        config_clip = optimizer_config.clip_grad
-        config.finalize_model_grads_func = finalize_model_grads
-        config.no_sync_func = ddp_model.no_sync
+    with megatron_parallel() as parallel_state:
+        run = replica(spec_name, optimizer_name)
+        spec, opt, ddp_model, optimizer, optimizer_config = (run.spec, run.opt, run.ddp_model, run.optimizer,
+                                                             run.optimizer_config)
+        pgs, config_clip = run.pgs, optimizer_config.clip_grad
         params = dict(ddp_model.module.named_parameters())
         masters = _matrix_masters(optimizer, {id(p): n for n, p in params.items()})
         owned = sorted(masters)
@@ -394,8 +433,6 @@ def matrix_optimizer_against_single_process(rank: int, world_size: int, group: A
                 scale = max(float(c.abs().max()) for c in copies)
             per_step.append({"max_abs_diff": diff, "max_abs": scale})
         return {"per_step": per_step, "owned": owned, "optimizers": _optimizer_classes(optimizer)}
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 def muon_tensor_parallel_against_single_process(rank: int, world_size: int, group: Any, spec_name: str,
@@ -408,28 +445,16 @@ def muon_tensor_parallel_against_single_process(rank: int, world_size: int, grou
     with row permutations, QKV shards hold whole query groups in order.) Returns per step the largest |difference|
     and the largest |value|."""
     import torch
-
-    from tests.megatron_cpu import shims
-
-    shims.install()
     import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
-    from nemo_muon.config.optimizer import MuonConfig
-    from nemo_muon.megatron.build import build_megatron_optimizer
-    from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
     from nemo_muon.megatron.registration import engine_class, engine_kwargs, fused_layouts
     from nemo_muon.optim.muon import Muon, tensor_partition_dim
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
-    try:
-        _, config, spec, _, ddp_model = _seeded_model(spec_name, "muon", tp=world_size, dense=True)
-        opt = MuonConfig(lr=LR, weight_decay=0.0, tp_mode=tp_mode, **MEGATRON_MUON_DEFAULTS)
-        pgs = _pg_collection()
-        optimizer, optimizer_config = build_megatron_optimizer(opt, [ddp_model], pg_collection=pgs)
-        config.finalize_model_grads_func = finalize_model_grads
-        config.no_sync_func = ddp_model.no_sync
+    with megatron_parallel(tensor_model_parallel_size=world_size):
+        opt = dataclasses.replace(optimizer_config("muon"), tp_mode=tp_mode, nonfinite="raise")
+        run = replica(spec_name, opt=opt, tp=world_size, dense=True)
+        config, spec, ddp_model, optimizer, pgs = run.config, run.spec, run.ddp_model, run.optimizer, run.pgs
+        opt_config = run.optimizer_config
         tp_group, tp_rank = pgs.tp, dist.get_rank(pgs.tp)
         params = dict(ddp_model.module.named_parameters())
         masters = _matrix_masters(optimizer, {id(p): n for n, p in params.items()})
@@ -448,7 +473,7 @@ def muon_tensor_parallel_against_single_process(rank: int, world_size: int, grou
             return whole if dim is None else whole.chunk(world_size, dim=dim)[tp_rank]
 
         copies = [full(n, masters[n][0]) for n in owned]
-        kwargs = engine_kwargs(opt, optimizer_config, [ddp_model], pgs)
+        kwargs = engine_kwargs(opt, opt_config, [ddp_model], pgs)
         kwargs.update(tp_group=None, fused_layouts=fused_layouts(config, 1),
                       param_names={id(c): n for n, c in zip(owned, copies, strict=True)})
         reference = engine_class(Muon)([{"params": copies}], **kwargs)
@@ -460,7 +485,7 @@ def muon_tensor_parallel_against_single_process(rank: int, world_size: int, grou
             ok, grad_norm, _ = optimizer.step()
             if not ok:
                 raise RuntimeError(f"optimizer step {step} was skipped")
-            clip = optimizer_config.clip_grad / (grad_norm + 1.0e-6)
+            clip = opt_config.clip_grad / (grad_norm + 1.0e-6)
             if clip < 1.0:
                 for copy in copies:
                     copy.grad.mul_(clip)
@@ -472,8 +497,6 @@ def muon_tensor_parallel_against_single_process(rank: int, world_size: int, grou
             per_step.append({"max_abs_diff": diff, "max_abs": scale})
         return {"per_step": per_step, "owned": owned, "sharded": sorted(n for n in owned if dims[n] is not None),
                 "tp_mode": masters[owned[0]][1].tp_mode if hasattr(masters[owned[0]][1], "tp_mode") else None}
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 def expert_parallel_training(rank: int, world_size: int, group: Any, spec_name: str, ep: int,
@@ -483,23 +506,11 @@ def expert_parallel_training(rank: int, world_size: int, group: Any, spec_name: 
     expert weights agree within each expert-DP group (and differ across EP ranks, which hold other experts) and the
     dense weights agree across all ranks."""
     import torch
-
-    from tests.megatron_cpu import shims
-
-    shims.install()
     import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
-    from nemo_muon.megatron.build import build_megatron_optimizer
-
-    parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
-    try:
-        _, config, spec, opt, ddp_model = _seeded_model(spec_name, "muon", ep=ep)
-        pgs = _pg_collection()
-        optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=pgs)
-        config.finalize_model_grads_func = finalize_model_grads
-        config.no_sync_func = ddp_model.no_sync
+    with megatron_parallel(expert_model_parallel_size=ep) as parallel_state:
+        run = replica(spec_name, "muon", ep=ep)
+        spec, ddp_model, optimizer, pgs = run.spec, run.ddp_model, run.optimizer, run.pgs
         dp_rank, dp = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
         for step in range(steps):
             _forward_backward(ddp_model, optimizer, step, dp_rank, spec.vocab_size, max(1, GLOBAL_MICRO_BATCHES // dp))
@@ -528,31 +539,23 @@ def expert_parallel_training(rank: int, world_size: int, group: Any, spec_name: 
                 "experts_agree_in_expert_dp_group": all(torch.equal(experts[rank], experts[r]) for r in same_ep),
                 "experts_differ_across_ep": all(not torch.equal(experts[rank], experts[r]) for r in other_ep),
                 "dense_agree": all(torch.equal(dense[0], d) for d in dense)}
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 def ownership_loads(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str) -> dict[str, Any]:
     """Megatron-Core 0.16: build engine nemo_muon's layer-wise optimizer twice on the tiny model, with ownership by
     update cost (ours, the default) and by Megatron's numel ping-pong, and return per ownership the update cost of
     the matrices this rank owns, the names it owns, and every matrix's cost (for the plan the test recomputes)."""
-    from tests.megatron_cpu import shims
-
-    shims.install()
-    from megatron.core import parallel_state
-
     from nemo_muon.megatron.cost_balanced import matrix_cost
     from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
     from nemo_muon.megatron.registration import build_layer_wise_016
 
-    parallel_state.initialize_model_parallel()
-    try:
+    with megatron_parallel():
         out: dict[str, Any] = {}
         for ownership in ("ns_cost", "megatron"):
-            _, _, _, opt, ddp_model = _seeded_model(spec_name, optimizer_name)
+            run = replica(spec_name, optimizer_name, build=False)
+            opt, ddp_model = run.opt, run.ddp_model
             megatron_config, _ = to_megatron_optimizer_config(opt)
-            optimizer = build_layer_wise_016(megatron_config, [ddp_model], _pg_collection(), ours=opt,
-                                             ownership=ownership)
+            optimizer = build_layer_wise_016(megatron_config, [ddp_model], run.pgs, ours=opt, ownership=ownership)
             params = dict(ddp_model.module.named_parameters())
             masters = _matrix_masters(optimizer, {id(p): n for n, p in params.items()})
             inner = next(iter(masters.values()))[1]
@@ -561,8 +564,6 @@ def ownership_loads(rank: int, world_size: int, group: Any, spec_name: str, opti
             out[ownership] = {"owned": sorted(masters), "load": sum(costs[n] for n in masters), "costs": costs,
                               "class": type(optimizer).__name__}
         return out
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 def nonfinite_gradient_on_one_rank(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str,
@@ -574,22 +575,11 @@ def nonfinite_gradient_on_one_rank(rank: int, world_size: int, group: Any, spec_
     error raised), whether that step left every weight, master and state tensor exactly as before, and whether the
     DP replicas agree at the end."""
     import torch
-
-    from tests.megatron_cpu import shims
-
-    shims.install()
     import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
-    from nemo_muon.megatron.build import build_megatron_optimizer
-
-    parallel_state.initialize_model_parallel()
-    try:
-        _, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name, nonfinite=policy)
-        optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection())
-        config.finalize_model_grads_func = finalize_model_grads
-        config.no_sync_func = ddp_model.no_sync
+    with megatron_parallel() as parallel_state:
+        run = replica(spec_name, optimizer_name, nonfinite=policy)
+        spec, ddp_model, optimizer = run.spec, run.ddp_model, run.optimizer
         params = dict(ddp_model.module.named_parameters())
         names = {id(p): n for n, p in params.items()}
         owned = sorted(_matrix_masters(optimizer, names))
@@ -619,8 +609,6 @@ def nonfinite_gradient_on_one_rank(rank: int, world_size: int, group: Any, spec_
         return {"steps": steps, "faulty": faulty, "skipped": getattr(optimizer, "skipped_nonfinite_steps", None),
                 "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas),
                 "optimizers": _optimizer_classes(optimizer)}
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 BUILDS: tuple[str, ...] = ("builder", "nemo2", "nemo2_cosine")
@@ -666,27 +654,18 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
     Muon's ``ns_split_target`` (split ownership, Megatron-Core 0.16); ``"split"`` reports the plan's splits.
     """
     import torch
+    import torch.distributed as dist
 
     from tests.megatron_cpu import shims
 
-    shims.install(without=without_shims)
-    import torch.distributed as dist
-    from megatron.core import dist_checkpointing, parallel_state
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    with megatron_parallel(without_shims) as parallel_state:
+        from megatron.core import dist_checkpointing
 
-    from nemo_muon.megatron.build import build_megatron_optimizer
-
-    parallel_state.initialize_model_parallel()
-    try:
-        model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name,
-                                                            grad_reduce_in_fp32=grad_reduce_in_fp32,
-                                                            split_target=split_target)
-        layer_wise = optimizer_name != "adamw"
+        run = replica(spec_name, optimizer_name, build=build == "builder", grad_reduce_in_fp32=grad_reduce_in_fp32,
+                      split_target=split_target)
+        spec, opt, ddp_model, optimizer = run.spec, run.opt, run.ddp_model, run.optimizer
         scheduler, checkpointed = None, None
-        if build == "builder":
-            optimizer, _ = build_megatron_optimizer(opt, [ddp_model], pg_collection=_pg_collection() if layer_wise
-                                                    else None)
-        else:
+        if build != "builder":
             optimizer, checkpointed, scheduler = _nemo2_optimizer(opt, ddp_model, build, steps)
         start = 0
         if resume_at is not None:
@@ -695,8 +674,6 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             ddp_model.module.load_state_dict(loaded["model"])
             optimizer.load_state_dict(loaded["optimizer"])
             start = resume_at
-        config.finalize_model_grads_func = finalize_model_grads
-        config.no_sync_func = ddp_model.no_sync
         dp_rank = parallel_state.get_data_parallel_rank()
         micro_batches = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
         losses: list[float] = []
@@ -735,8 +712,6 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             "shim_hits": {n: sorted(f) for n, f in shims.hits_by_file().items()},
             **({"masters": _masters(optimizer, names)} if with_masters else {}),
         }
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any, spec_name: str,
@@ -747,26 +722,21 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
     as `pretrain` does), on the tiny model: the optimizer and scheduler Bridge builds, stepped like Bridge's
     train_step does."""
     import torch
-
-    from tests.megatron_cpu import shims
-    from tests.megatron_cpu.te_stub import bridge_imports_without_te
-
-    shims.install()
-    bridge_imports_without_te()
     import torch.distributed as dist
-    from megatron.bridge.training.config import SchedulerConfig
-    from megatron.bridge.training.optim import setup_optimizer
-    from megatron.core import parallel_state
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
     from nemo_muon.megatron import bridge_hook
     from nemo_muon.megatron.bridge import bridge_optimizer_config, installed_bridge_integration
     from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
     from nemo_muon.versions import BRIDGE_HOOK
+    from tests.megatron_cpu.te_stub import bridge_imports_without_te
 
-    parallel_state.initialize_model_parallel()
-    try:
-        model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name, engine)
+    with megatron_parallel() as parallel_state:
+        bridge_imports_without_te()
+        from megatron.bridge.training.config import SchedulerConfig
+        from megatron.bridge.training.optim import setup_optimizer
+
+        run = replica(spec_name, optimizer_name, build=False, engine=engine)
+        spec, opt, ddp_model = run.spec, run.opt, run.ddp_model
         _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0)
         if engine == "nemo_muon" and installed_bridge_integration() == BRIDGE_HOOK:
             bridge_hook.install(opt)
@@ -778,8 +748,6 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
         optimizer_config.finalize()  # what ConfigContainer.validate() does before setup()
         optimizer, scheduler = setup_optimizer(optimizer_config, scheduler_config, [ddp_model],
                                                use_gloo_process_groups=False)
-        config.finalize_model_grads_func = finalize_model_grads
-        config.no_sync_func = ddp_model.no_sync
         dp_rank = parallel_state.get_data_parallel_rank()
         losses = []
         for step in range(steps):
@@ -797,8 +765,6 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
         return {"losses": losses, "optimizers": _optimizer_classes(optimizer), "hook_installed": bridge_hook.installed(),
                 "config_class": type(optimizer_config).__name__, "provides": hasattr(optimizer_config, "provide"),
                 "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas)}
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 def _ownership_plan(optimizer):
@@ -837,24 +803,15 @@ def attempt_resumes(rank: int, world_size: int, group: Any, attempts: list[tuple
     Megatron's `dist_checkpointing.load` + the model's and optimizer's load_state_dict, and report the error raised
     (type and message) and whether the model weights, fp32 masters and optimizer state are exactly as before."""
     import torch
-
-    from tests.megatron_cpu import shims
-
-    shims.install()
-    from megatron.core import dist_checkpointing, parallel_state
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
-
-    from nemo_muon.megatron.build import build_megatron_optimizer
 
     outcomes = []
     for spec_name, optimizer_name, checkpoint_dir in attempts:
-        parallel_state.initialize_model_parallel()
-        try:
-            _, _, _, opt, ddp_model = _seeded_model(spec_name, optimizer_name)
-            layer_wise = optimizer_name != "adamw"
-            optimizer, _ = build_megatron_optimizer(opt, [ddp_model],
-                                                    pg_collection=_pg_collection() if layer_wise else None)
-            names = {id(p): n for n, p in ddp_model.module.named_parameters()}
+        with megatron_parallel():
+            from megatron.core import dist_checkpointing
+
+            run = replica(spec_name, optimizer_name)
+            ddp_model, optimizer, names = run.ddp_model, run.optimizer, run.names
 
             # the load's sharded state dict creates the optimizer's placeholder state: compare from there
             state_for_load = _checkpoint_state(ddp_model, optimizer, loading=True)
@@ -870,6 +827,4 @@ def attempt_resumes(rank: int, world_size: int, group: Any, attempts: list[tuple
                              if k not in before or k not in after or not torch.equal(_bits(before[k]), _bits(after[k])))
             unchanged = not changed
             outcomes.append({"error": error, "unchanged": unchanged, "changed": changed[:5]})
-        finally:
-            parallel_state.destroy_model_parallel()
     return outcomes
