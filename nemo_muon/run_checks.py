@@ -15,7 +15,7 @@ launch folder is still mount-safe.
 from __future__ import annotations
 
 from nemo_muon.config.recipe import TrainingRecipe
-from nemo_muon.registry import spec_for
+from nemo_muon.registry import check_split_target, spec_for
 
 GROUPED_GEMM_ALIGNMENT: dict[str, int] = {"fp32": 4, "bf16": 8, "fp8_cs": 16, "mxfp8": 32}
 """Multiple of elements an expert GEMM width must be, per precision: torch._grouped_mm needs 16-byte strides
@@ -31,22 +31,16 @@ def check_schedule(recipe: TrainingRecipe) -> None:
 
 def check_optimizer(recipe: TrainingRecipe) -> None:
     """The optimizer is registered (`nemo_muon.registry.spec_for`), and its entry allows what the recipe asks of it:
-    the engine on the megatron backend, and checkpoints of engine 'nemo_muon' inside Megatron (its state must be
-    shaped like its parameters for Megatron's ``dist_checkpointing``)."""
+    a split target, and checkpoints of engine 'nemo_muon' inside Megatron (its state must be shaped like its
+    parameters for Megatron's ``dist_checkpointing``). Which engines it has is the megatron mapping's rule
+    (`megatron_optimizer_spec`, which the megatron recipe rules run)."""
     opt = recipe.optimizer
     spec = spec_for(opt)
-    target = getattr(opt, "ns_split_target", None)
-    if target is not None and not (spec.matrix is not None and spec.matrix.splittable):
-        raise ValueError(f"{opt.name}.ns_split_target must be None: {spec.label} does not split a matrix's update over "
-                         f"DP ranks (split ownership is Muon's); got {target!r}")
-    engine = getattr(opt, "engine", None)
-    if recipe.backend != "megatron" or spec.matrix is None:
+    check_split_target(opt)
+    if recipe.backend != "megatron" or spec.matrix is None:  # the engine itself: the megatron mapping's rule
         return
-    if engine not in spec.megatron.engines:
-        raise ValueError(f"{opt.name}.engine must be one of {spec.megatron.engines} on backend='megatron' ("
-                         f"{spec.label}'s implementations inside Megatron-Core); got {engine!r}")
     ckpt = recipe.checkpoint
-    if engine == "nemo_muon" and not spec.megatron.dist_checkpoint and (ckpt.save_interval > 0 or ckpt.resume):
+    if getattr(opt, "engine", None) == "nemo_muon" and not spec.megatron.dist_checkpoint and (ckpt.save_interval > 0 or ckpt.resume):
         raise ValueError(
             f"checkpoint.save_interval must be 0 and checkpoint.resume false for optimizer={opt.name} with engine "
             f"'nemo_muon' on backend='megatron': nemo-muon's {spec.label} inside Megatron cannot go through "

@@ -88,6 +88,18 @@ def test_bad_values_are_refused_naming_the_field():
         NorMuonConfig(momentum=1.5)
 
 
+def test_on_the_megatron_backend_only_our_engine_runs_it():
+    """Megatron-Core has no NorMuon: engine 'megatron' is refused before launch (the megatron mapping's rule, which
+    every entry point's validation runs), naming the field and the engine there is."""
+    from nemo_muon.recipes.overrides import apply_overrides
+
+    recipe = apply_overrides(get_recipe("kimi_k2_muon"), ["optimizer=normuon"])
+    check_run(recipe)
+    with pytest.raises(ValueError, match=r"normuon.engine='megatron' cannot be honoured by Megatron-Core: NorMuon runs "
+                                         r"inside Megatron-Core with engine 'nemo_muon' only"):
+        check_run(apply_overrides(recipe, ["optimizer.engine=megatron"]))
+
+
 def test_planned_and_costed_as_muon_with_its_own_state():
     """The plan's ownership cost of a NorMuon matrix is Muon's (the same Newton–Schulz; the normalization is
     element-wise), its state one momentum plus one value per row of the longer side, and the recipe's plan names

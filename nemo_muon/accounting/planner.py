@@ -28,6 +28,7 @@ Torch-free. What it models (docs/flops.md has the rules and the arithmetic):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ from nemo_muon.accounting.ownership_plan import max_over_mean
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.matrices import is_moe_layer, layer_params, param_counts
 from nemo_muon.models.specs import ModelSpec
-from nemo_muon.registry import OptimizerSpec, spec_for, specs
+from nemo_muon.registry import spec_for, spec_named, specs
 from nemo_muon.registry.cost import FP32_BYTES
 
 ADAMW_STATE_ELEMENTS = 3
@@ -67,18 +68,20 @@ class _Rank:
     """Elements of AdamW-updated params this rank updates (element-sharded)."""
 
 
-def _matrix_specs() -> tuple[OptimizerSpec, ...]:
-    """The matrix optimizers whose state the plan compares (every registered one)."""
-    return tuple(s for s in specs() if s.matrix is not None)
-
-
 def _state_elements(t: StageTensor) -> dict[str, int]:
     """State elements of a hidden tensor under each matrix optimizer: its parts' or the whole tensor's."""
+    names = tuple(s.name for s in specs() if s.matrix is not None)  # every registered matrix optimizer
+    return _state_elements_of(tuple(t.item.shape), tuple(t.parts), names)
+
+
+@functools.lru_cache(maxsize=4096)
+def _state_elements_of(shape: tuple[int, ...], parts: tuple[tuple[int, ...], ...],
+                       names: tuple[str, ...]) -> dict[str, int]:
+    """`_state_elements` by shape (a model has few distinct shapes and very many tensors; callers only read it)."""
     out = {}
-    for spec in _matrix_specs():
+    for spec in map(spec_named, names):
         m = spec.matrix
-        out[spec.name] = (sum(m.state_elements(part) for part in t.parts) if m.per_part
-                          else m.state_elements(t.item.shape))
+        out[spec.name] = sum(m.state_elements(part) for part in parts) if m.per_part else m.state_elements(shape)
     return out
 
 

@@ -31,7 +31,7 @@ from nemo_muon._validation import fail
 from nemo_muon.accounting.ns_split import split_options
 from nemo_muon.accounting.ownership_plan import OwnershipPlan, PlanItem, plan_ownership
 from nemo_muon.optim.routing import MATRIX, QKVLayout, Route, route_param
-from nemo_muon.registry import MatrixSpec, spec_for, spec_named
+from nemo_muon.registry import check_split_target, spec_for, spec_named
 from nemo_muon.registry.cost import ns_cost
 
 
@@ -63,14 +63,6 @@ def _parts(name: str, shape: tuple[int, ...], route: Route) -> list[tuple[int, .
     return [(*shape[:-2], s, shape[-1]) for s in sizes]
 
 
-def update_cost(matrix: MatrixSpec, name: str, shape: tuple[int, ...], route: Route,
-                hyperparameters: Any) -> float:
-    """FLOPs per step of one matrix-routed parameter's update: its parts' or its whole (``matrix.per_part``)."""
-    if not matrix.per_part:
-        return matrix.update_flops(shape, hyperparameters)
-    return sum(matrix.update_flops(part, hyperparameters) for part in _parts(name, shape, route))
-
-
 def plan_item(name: str, p: torch.Tensor, optimizer: Any, *, splittable: bool) -> PlanItem:
     """The ownership unit of one parameter under a config (module doc); ``splittable`` adds the split options of
     2-D ones. A factory's items come from `factory_items`."""
@@ -82,7 +74,7 @@ def plan_item(name: str, p: torch.Tensor, optimizer: Any, *, splittable: bool) -
     if route is None:
         return PlanItem(name, shape, 0.0, nbytes)
     matrix = spec_for(optimizer).matrix
-    cost = update_cost(matrix, name, shape, route, vars(optimizer))
+    cost = matrix.update_cost(shape, _parts(name, shape, route), vars(optimizer))
     options: tuple[Any, ...] = ()
     if splittable and matrix.splittable and len(shape) == 2:
         groups = None
@@ -103,7 +95,7 @@ def factory_items(named: Sequence[tuple[str, torch.Tensor]], built: torch.optim.
         if group is not None and hasattr(built, "route_of"):
             route = built.route_of(p)
             if route.algorithm == MATRIX:
-                cost = update_cost(spec_named(built.registry_name).matrix, name, shape, route, group)
+                cost = spec_named(built.registry_name).matrix.update_cost(shape, _parts(name, shape, route), group)
         elif group is not None and torch_muon is not None and isinstance(built, torch_muon):
             cost = ns_cost(shape, group["ns_steps"])
         items.append(PlanItem(name, shape, cost, p.numel() * p.element_size()))
@@ -117,9 +109,6 @@ def engine_plan(named: Sequence[tuple[str, torch.Tensor]], world: int, optimizer
     if is_factory(optimizer):
         items = factory_items(named, optimizer(list(named)) if built is None else built)
         return plan_ownership(items, world, method)  # type: ignore[arg-type]
-    target = getattr(optimizer, "ns_split_target", None) if split else None
-    if target is not None and not spec_for(optimizer).matrix.splittable:
-        raise fail(f"{optimizer.name}.ns_split_target", target, f"None: {spec_for(optimizer).label} does not split a "
-                   "matrix's update over DP ranks (split ownership is Muon's)")
+    target = check_split_target(optimizer) if split else None
     items = [plan_item(n, p, optimizer, splittable=target is not None) for n, p in named]
     return plan_ownership(items, world, method, balance_target=target)  # type: ignore[arg-type]

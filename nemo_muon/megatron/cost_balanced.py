@@ -51,7 +51,7 @@ def _matrix_item(optimizer: RoutedOptimizer, p: Any, key: str, splittable: bool)
     matrix = spec_named(optimizer.registry_name).matrix
     parts = [(t.shape[-2], shape[-1]) for t in split_parts(p.detach()[..., :1], optimizer.route_of(p), key)]
     hp = optimizer.defaults
-    cost = sum(matrix.update_flops(part, hp) for part in parts) if matrix.per_part else matrix.update_flops(shape, hp)
+    cost = matrix.update_cost(shape, parts, hp)
     options = split_options(parts, steps=hp["ns_steps"], gather_update=True) if splittable and matrix.splittable else ()
     return PlanItem(key, shape, cost, nbytes, split_options=options)
 

@@ -262,8 +262,7 @@ def to_megatron_optimizer_config(
     from megatron.core.optimizer import OptimizerConfig as MCoreOptimizerConfig
 
     fields = {f.name for f in dataclasses.fields(MCoreOptimizerConfig)}
-    soap_pf = getattr(opt, "engine", None) == "megatron" and "precondition_frequency" in vars(opt) \
-        and soap_accepts_precondition_frequency()
+    soap_pf = getattr(opt, "engine", None) == "megatron" and soap_accepts_precondition_frequency()
     spec = megatron_optimizer_spec(opt, fields=fields, grad_clip=grad_clip, min_lr=min_lr, layerwise=layerwise,
                                    bf16=bf16, soap_has_precondition_frequency=soap_pf)
     return MCoreOptimizerConfig(**spec.kwargs), spec

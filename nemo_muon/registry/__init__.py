@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from nemo_muon._validation import check_choice
+from nemo_muon._validation import check_choice, fail
 from nemo_muon.registry import adamw, muon, normuon, soap
 from nemo_muon.registry.spec import MatrixSpec, MegatronSpec, OptimizerSpec, resolve
 
@@ -82,10 +82,21 @@ def spec_for(config: Any) -> OptimizerSpec:
     return spec
 
 
+def check_split_target(config: Any) -> float | None:
+    """The config's ``ns_split_target`` (None without one); raises naming the field if its optimizer's entry does not
+    split a matrix's update (``matrix.splittable``), so a target is refused, never ignored."""
+    target = getattr(config, "ns_split_target", None)
+    matrix = spec_for(config).matrix
+    if target is not None and not (matrix is not None and matrix.splittable):
+        raise fail(f"{config.name}.ns_split_target", target, f"None: {spec_for(config).label} does not split a "
+                   "matrix's update over DP ranks (split ownership is Muon's)")
+    return target
+
+
 def is_registered(config: Any) -> bool:
     """Whether ``config``'s exact class has a spec."""
     return type(config) in _BY_CLASS
 
 
-__all__ = ["BUILTIN", "MatrixSpec", "MegatronSpec", "OptimizerSpec", "config_classes", "is_registered", "names",
+__all__ = ["BUILTIN", "MatrixSpec", "MegatronSpec", "OptimizerSpec", "check_split_target", "config_classes", "is_registered", "names",
            "register", "resolve", "spec_for", "spec_named", "specs"]

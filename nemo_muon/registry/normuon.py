@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from nemo_muon._validation import check_range
 from nemo_muon.config.optimizer import MuonConfig
-from nemo_muon.registry.muon import MUON_RUNTIME_ARGS, muon_adam_part, muon_routing, muon_update_flops
-from nemo_muon.registry.spec import MatrixSpec, MegatronSpec, OptimizerSpec, Shape
+from nemo_muon.registry.muon import SPEC as MUON_SPEC
+from nemo_muon.registry.spec import Shape
 
 
 @dataclass(kw_only=True)
@@ -44,19 +44,15 @@ def normuon_state_elements(shape: Shape) -> int:
     return math.prod(shape) + math.prod(batch) * max(m, n)
 
 
-SPEC = OptimizerSpec(
+SPEC = dataclasses.replace(
+    MUON_SPEC,  # Muon's routing, NS cost, runtime arguments, Megatron names, field mapping and recipe defaults
     name="normuon",
     label="NorMuon",
     config_class=NorMuonConfig,
     implementation="nemo_muon.optim.normuon:NorMuon",
-    runtime_args=MUON_RUNTIME_ARGS,
-    matrix=MatrixSpec(routing=muon_routing, update_flops=muon_update_flops, per_part=True,
-                      state_elements=normuon_state_elements, newton_schulz=True,
-                      splittable=False),  # the torch engine's split runs NS on slices; the row moment needs all
-    megatron=MegatronSpec(
-        engines=("nemo_muon",), bridge_name="muon", registered_name="nemo_normuon", adam_part=muon_adam_part,
-        fields="nemo_muon.megatron.optimizer_config:muon_fields",  # its Muon part, for Megatron's logged config
-        dist_checkpoint=False,  # the second moment has one value per row, not the parameter's shape
-        recipe_defaults={"split_gate_up": False, "nonfinite": "raise"},
-    ),
+    # the torch engine's split runs NS on slices; the row moment needs the whole matrix
+    matrix=dataclasses.replace(MUON_SPEC.matrix, state_elements=normuon_state_elements, splittable=False),
+    # no Megatron-Core implementation; the second moment (one value per row) is not shaped like the parameter
+    megatron=dataclasses.replace(MUON_SPEC.megatron, engines=("nemo_muon",), registered_name="nemo_normuon",
+                                 dist_checkpoint=False),
 )

@@ -8,7 +8,7 @@ importable on a login node without torch.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,13 @@ class MatrixSpec:
     """The update is Newton–Schulz: its FLOPs are the ones the MFU accounting counts (``ns_flops``)."""
     splittable: bool
     """Split ownership (``ns_split_target``: one matrix's NS over a block of DP ranks) applies."""
+
+    def update_cost(self, shape: Shape, parts: Sequence[Shape], hyperparameters: Hyperparameters) -> float:
+        """FLOPs per step of one parameter's update: the sum over the fused ``parts`` it is split into, or of the
+        whole ``shape`` when the update runs on the fused matrix (``per_part``)."""
+        if not self.per_part:
+            return self.update_flops(shape, hyperparameters)
+        return sum(self.update_flops(part, hyperparameters) for part in parts)
 
 
 @dataclass(frozen=True, kw_only=True)
