@@ -19,7 +19,7 @@ import torch.distributed as dist
 from nemo_muon._validation import fail
 from nemo_muon.layerwise.ownership import NamedParams, Ownership
 from nemo_muon.layerwise.plan_items import is_factory
-from nemo_muon.registry import spec_for
+from nemo_muon.registry import spec_for, specs
 
 
 class OwnedUpdate:
@@ -88,8 +88,9 @@ def _build_split_inners(optimizer: Any, own: Ownership,
         if n in own.splits:
             by_group.setdefault(own.splits[n].group, []).append((n, own.masters[own.splits[n].key]))
     if by_group and not getattr(spec_for(optimizer).matrix, "splittable", False):
-        raise fail("optimizer", type(optimizer).__name__, "an optimizer whose registry entry splits matrices "
-                   "(ns_split_target: Muon, NorMuon)")
+        splitting = [s.label for s in specs() if s.matrix is not None and s.matrix.splittable]
+        raise fail("optimizer", type(optimizer).__name__, f"one whose registry entry splits matrices "
+                   f"(ns_split_target): {splitting}")
     inners = [build_optimizer(optimizer, named, tp_group=g, tp_mode="distributed") for g, named in by_group.items()]
     inner_of = {own.splits[n].key: inner for inner, (_, named) in zip(inners, by_group.items(), strict=True)
                 for n, _ in named}
