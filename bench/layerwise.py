@@ -211,7 +211,7 @@ def _worker(rank: int, init: str, steps: int, dim: int, queue: Any) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
     group = dist.group.WORLD
     from nemo_muon.config.optimizer import AdamWConfig, MuonConfig
-    from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer as LW
+    from nemo_muon.layerwise.optimizer import WholeTensorOptimizer as LW
 
     cfg = MuonConfig(lr=1e-3, weight_decay=0.0)
     models = {k: make_model(dim) for k in ("layerwise", "layerwise_rs", "replicated", "no_overlap", "overlap", "adamw")}
@@ -264,7 +264,7 @@ def _split_worker(rank: int, init: str, steps: int, dim: int, wide: int, target:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=SPLIT_WORLD)
     group = dist.group.WORLD
     from nemo_muon.config.optimizer import MuonConfig
-    from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer as LW
+    from nemo_muon.layerwise.optimizer import WholeTensorOptimizer as LW
 
     counter = CommCounter()
     counter.install()
@@ -382,7 +382,7 @@ def split_section(steps: int, dim: int, wide: int, target: float) -> list[str]:
         f"{max(sent['split']) / max(sent['whole']):.4f} |",
         "| measured difference per rank (split - whole) | | "
         f"{fmt(f'{s - w:+,.0f}' for s, w in zip(sent['split'], sent['whole'], strict=True))} | |",
-        f"| of which the buckets (grads + params; the engine's `comm_bytes_per_step`, every rank) | "
+        f"| of which the buckets (grads + params; the whole-tensor optimizer's `comm_bytes_per_step`, every rank) | "
         f"{r0['buckets']['whole']:,} | {r0['buckets']['split']:,} | "
         f"{r0['buckets']['split'] / r0['buckets']['whole']:.4f} |",
         "| beyond the buckets, per rank (measured - `comm_bytes_per_step`: the split's Gram all-reduces) | "

@@ -7,6 +7,7 @@ the planner and the recipes work on a login node or in a container check without
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 __version__ = "0.1.0"
@@ -18,7 +19,7 @@ _LAZY = {
     "NorMuon": "nemo_muon.optim.normuon",
     "newton_schulz": "nemo_muon.optim.ns_iteration",
     "build_optimizer": "nemo_muon.optim.factory",
-    "LayerWiseDistributedOptimizer": "nemo_muon.layerwise.optimizer",
+    "WholeTensorOptimizer": "nemo_muon.layerwise.optimizer",
     "pretrain": "nemo_muon.train.pretrain",
     "MuonConfig": "nemo_muon.config.optimizer",
     "SoapConfig": "nemo_muon.config.optimizer",
@@ -31,10 +32,24 @@ _LAZY = {
 _SUBPACKAGES: frozenset[str] = frozenset({"accounting", "config", "layerwise", "megatron", "models", "optim", "registry",
                                           "reporting", "train", "recipes", "launchers"})
 
+RENAMED = {"LayerWiseDistributedOptimizer": "WholeTensorOptimizer"}
+"""Old public name -> new one. The old names still resolve, with a FutureWarning, until 0.3: ``LayerWiseDistributedOptimizer``
+sat beside Megatron-Core's class of that name (which our megatron backend also builds)."""
+
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
+def renamed(module: str, name: str) -> str:
+    """The current name of ``name`` in ``module``, warning once per call site that the old one is deprecated."""
+    new = RENAMED[name]
+    warnings.warn(f"{module}.{name} was renamed {module}.{new} (Megatron-Core has its own {name}); the old name goes "
+                  f"away in nemo-muon 0.3", FutureWarning, stacklevel=3)
+    return new
+
+
 def __getattr__(name: str) -> Any:
+    if name in RENAMED:
+        name = renamed(__name__, name)
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _SUBPACKAGES:

@@ -36,7 +36,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # the optimizer registry: which optimizer a config is, and the one cost model of a matrix update
     "registry": _BASE | {"config"},
     "accounting": _BASE | {"config", "models", "registry"},
-    # the optimizers and the engine
+    # the optimizers and the whole-tensor optimizer
     "optim": _BASE | {"config", "models", "accounting", "registry"},
     "layerwise": _BASE | {"config", "models", "accounting", "optim", "registry"},
     "reporting": _BASE | {"config", "models", "accounting", "registry"},

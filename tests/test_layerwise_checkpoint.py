@@ -25,7 +25,7 @@ from nemo_muon.layerwise.checkpoint import (
     save_checkpoint,
     step_dir,
 )
-from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer
+from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 from tests.distributed import run_distributed
 from tests.test_layerwise_optimizer import make_model, params_of, portable, tensors, train
 
@@ -33,8 +33,8 @@ CFG = MuonConfig(lr=2e-2, weight_decay=0.1)
 BUCKET_MB = 0.002
 
 
-def _opt(model: nn.Module, group: Any) -> LayerWiseDistributedOptimizer:
-    return LayerWiseDistributedOptimizer(model, CFG, dp_group=group, bucket_size_mb=BUCKET_MB)
+def _opt(model: nn.Module, group: Any) -> WholeTensorOptimizer:
+    return WholeTensorOptimizer(model, CFG, dp_group=group, bucket_size_mb=BUCKET_MB)
 
 
 def _resume_body(rank: int, world: int, group: Any, root: str, root_from_dp1: str) -> dict[str, Any]:
@@ -128,7 +128,7 @@ def test_resume_same_dp_bitwise_and_across_dp_sizes(tmp_path: Path) -> None:
     assert all(torch.equal(got[n], want[n]) for n in want)  # DP 2 -> 1
 
 
-def _fresh(root: Path) -> tuple[nn.Module, LayerWiseDistributedOptimizer, Path]:
+def _fresh(root: Path) -> tuple[nn.Module, WholeTensorOptimizer, Path]:
     model = make_model()
     opt = _opt(model, None)
     train(model, opt, 1)
@@ -170,7 +170,7 @@ def test_corrupt_missing_and_foreign_checkpoints_raise_clear_errors(tmp_path: Pa
         save_checkpoint(tmp_path / "b", 1, model, opt, {}, group=object())  # type: ignore[arg-type]
     other = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(CheckpointError, match=r"another model.*only in the model \['0.bias', '0.weight'\]"):
-        load_checkpoint(ckpt, other, LayerWiseDistributedOptimizer(other, CFG, dp_group=None))
+        load_checkpoint(ckpt, other, WholeTensorOptimizer(other, CFG, dp_group=None))
     resized = make_model()
     resized.proj = nn.Linear(48, 8, bias=False)
     with pytest.raises(CheckpointError, match=r"shape differences \['proj.weight: saved \[16, 48\], model \[8, 48\]'\]"):

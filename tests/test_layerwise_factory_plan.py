@@ -3,7 +3,7 @@
 A factory's Muon with its own ``matrix_rule`` sends two matrices to AdamW: they cost 0 in the plan (the default rule
 would charge them Newton–Schulz); its fused layouts, ``ns_steps`` and SOAP's ``precondition_frequency`` are read
 from the built optimizer; a plain torch optimizer is costed as element-wise (0, placed by bytes). On 2 gloo ranks
-the engine with such a factory trains bit for bit as the single-process optimizer.
+the whole-tensor optimizer with such a factory trains bit for bit as the single-process optimizer.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from nemo_muon.config.optimizer import MuonConfig
-from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer
-from nemo_muon.layerwise.plan_items import engine_plan
+from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
+from nemo_muon.layerwise.plan_items import whole_tensor_plan
 from nemo_muon.optim.muon import Muon
 from nemo_muon.optim.soap import SOAP
 from nemo_muon.registry.cost import ns_cost, soap_cost
@@ -35,7 +35,7 @@ def muon_factory(named: Any) -> torch.optim.Optimizer:
 
 
 def _costs(optimizer: Any, model: nn.Module) -> dict[str, float]:
-    plan = engine_plan(list(model.named_parameters()), 2, optimizer, "lpt", split=False)
+    plan = whole_tensor_plan(list(model.named_parameters()), 2, optimizer, "lpt", split=False)
     return {it.name: it.cost for it in plan.items}
 
 
@@ -61,7 +61,7 @@ def test_the_built_optimizers_steps_layouts_and_frequency_are_read() -> None:
     if hasattr(torch.optim, "Muon"):  # torch's Muon orthogonalizes every (2-D) tensor it holds
         tm = _costs(lambda named: torch.optim.Muon([p for _, p in named], lr=0.1, ns_steps=4), model)
         assert tm["linear_fc1.weight"] == ns_cost((12, 8), steps=4)
-    left_out = _costs(lambda named: Muon(named[:1], lr=0.1), model)  # never updated by the engine: cost 0
+    left_out = _costs(lambda named: Muon(named[:1], lr=0.1), model)  # never updated by the whole-tensor optimizer: cost 0
     assert left_out["out.weight"] == 0.0
     for built in (Muon(named, lr=0.1), SOAP(named, lr=0.1)):  # asking a built optimizer costs no state
         assert len(built.state) == 0
@@ -69,14 +69,14 @@ def test_the_built_optimizers_steps_layouts_and_frequency_are_read() -> None:
 
 def _factory_body(rank: int, world: int, group: Any) -> dict[str, Any]:
     model = make_model()
-    opt = LayerWiseDistributedOptimizer(model, muon_factory, dp_group=group, bucket_size_mb=0.002)
+    opt = WholeTensorOptimizer(model, muon_factory, dp_group=group, bucket_size_mb=0.002)
     train(model, opt, 3, rank, world)
     opt.finish_param_gather()
     return portable({"params": params_of(model), "owned": opt.owned_names,
                      "costs": {it.name: it.cost for it in opt.plans[0].items}})
 
 
-def test_a_factory_engine_trains_as_the_single_process_optimizer() -> None:
+def test_a_factory_whole_tensor_optimizer_trains_as_the_single_process_optimizer() -> None:
     ranks = tensors(run_distributed(_factory_body, world_size=2, timeout_s=150))
     model = make_model()
     train(model, muon_factory(list(model.named_parameters())), 3, micro=2)  # same sum order as DP=2

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
-from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer
+from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 from nemo_muon.registry.normuon import NorMuonConfig
 from tests.distributed import run_distributed
 
@@ -148,12 +148,12 @@ def _equivalence_body(rank: int, world: int, group: Any, cfgs: list[Any]) -> dic
                             ("reduce_scatter", {"overlap_param_gather": True, "collectives": "reduce_scatter"}),
                             ("grad_hooks", {"overlap_param_gather": True, "overlap_grad_reduce": True})):
             model = make_model()
-            opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB, **kwargs)
+            opt = WholeTensorOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB, **kwargs)
             train(model, opt, STEPS, rank, world)
             opt.finish_param_gather()
             out[f"{cfg.name}/{key}"] = params_of(model)
         model = make_model()
-        opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB)
+        opt = WholeTensorOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB)
         norms = train(model, opt, STEPS, rank, world, clip=0.5, clip_fn=opt.clip_grad_norm_)
         out[f"{cfg.name}/clip"] = (params_of(model), norms)
         out[f"{cfg.name}/owned"] = opt.owned_names
@@ -254,7 +254,7 @@ def _misc_body(rank: int, world: int, group: Any) -> dict[str, Any]:
     # EP=2, expert-DP=1 (the Kimi K2 layout): each rank alone owns its expert; the rest is shared over both ranks
     expert_groups = [dist.new_group([0]), dist.new_group([1])]
     model = ExpertLM(experts=(rank % 2,))
-    opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, expert_dp_group=expert_groups[rank % 2],
+    opt = WholeTensorOptimizer(model, cfg, dp_group=group, expert_dp_group=expert_groups[rank % 2],
                                         bucket_size_mb=BUCKET_MB)
     train_experts(model, opt, STEPS, rank, world)
     out["experts"] = params_of(model)
@@ -262,7 +262,7 @@ def _misc_body(rank: int, world: int, group: Any) -> dict[str, Any]:
     # bf16 and fp16 params with fp32 master weights
     for dtype in (torch.bfloat16, torch.float16):
         model = make_model(dtype)
-        opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB)
+        opt = WholeTensorOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB)
         train(model, opt, STEPS, rank, world)
         masters = {n: m for n, m in opt.masters.items()}
         out[f"{dtype}/params"] = params_of(model)
@@ -270,7 +270,7 @@ def _misc_body(rank: int, world: int, group: Any) -> dict[str, Any]:
                                         for n, m in masters.items())
     # grad reduction overlapped with backward + gradient accumulation (2 micro-batches per rank, the first in no_sync)
     model = make_model()
-    opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB, overlap_grad_reduce=True)
+    opt = WholeTensorOptimizer(model, cfg, dp_group=group, bucket_size_mb=BUCKET_MB, overlap_grad_reduce=True)
     launched = []
     for s in range(STEPS):
         opt.zero_grad()
@@ -290,7 +290,7 @@ def _misc_body(rank: int, world: int, group: Any) -> dict[str, Any]:
         out["no_sync_error"] = str(e)
     # a NaN on one rank skips the step on every rank
     model = make_model()
-    opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group)
+    opt = WholeTensorOptimizer(model, cfg, dp_group=group)
     before = params_of(model)
     x, y = local_batch(0, rank, world)
     loss_fn(model, x, y).backward()
@@ -299,7 +299,7 @@ def _misc_body(rank: int, world: int, group: Any) -> dict[str, Any]:
     opt.step()
     out["nan_skip"] = (opt.last_step_skipped, opt.skipped_steps,
                        all(torch.equal(p, before[n]) for n, p in model.named_parameters()))
-    opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=group, nonfinite="raise")
+    opt = WholeTensorOptimizer(model, cfg, dp_group=group, nonfinite="raise")
     loss_fn(model, x, y).backward()
     if rank == 0:
         model.proj.weight.grad.fill_(float("inf"))
@@ -313,12 +313,12 @@ def _misc_body(rank: int, world: int, group: Any) -> dict[str, Any]:
         with torch.no_grad():
             model.blocks[1].up.weight[0, 0] += 1e-3
     try:
-        LayerWiseDistributedOptimizer(model, cfg, dp_group=group)
+        WholeTensorOptimizer(model, cfg, dp_group=group)
     except ValueError as e:
         out["differ"] = str(e)
     first = dist.new_group([0])
     try:
-        LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=first)
+        WholeTensorOptimizer(make_model(), cfg, dp_group=first)
         out["pair"] = "ok"
     except ValueError as e:
         out["pair"] = str(e)
@@ -358,24 +358,35 @@ def test_expert_groups_low_precision_nonfinite_and_group_errors() -> None:
 def test_scheduler_scales_inner_lrs_and_bad_arguments_raise() -> None:
     cfg = MuonConfig(lr=2e-2, weight_decay=0.1, adamw_lr=1e-2)
     model = make_model()
-    opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=None)
+    opt = WholeTensorOptimizer(model, cfg, dp_group=None)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5)
     train(model, opt, 2)
     sched.step()
     half = make_model()
-    train(half, LayerWiseDistributedOptimizer(half, MuonConfig(lr=1e-2, weight_decay=0.1, adamw_lr=5e-3),
+    train(half, WholeTensorOptimizer(half, MuonConfig(lr=1e-2, weight_decay=0.1, adamw_lr=5e-3),
                                               dp_group=None), 2)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), half.parameters(), strict=True))
     hooked = make_model()
-    lw = LayerWiseDistributedOptimizer(hooked, cfg, dp_group=None, overlap_param_gather=True, overlap_grad_reduce=True)
+    lw = WholeTensorOptimizer(hooked, cfg, dp_group=None, overlap_param_gather=True, overlap_grad_reduce=True)
     assert any(m._forward_pre_hooks for m in hooked.modules())
     lw.remove_hooks()
     assert not any(m._forward_pre_hooks for m in hooked.modules()) and lw.grad_hooks is None
     with pytest.raises(ValueError, match=r"bucket_size_mb must be a number in \(0.0, inf\); got 0"):
-        LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=None, bucket_size_mb=0)
+        WholeTensorOptimizer(make_model(), cfg, dp_group=None, bucket_size_mb=0)
     with pytest.raises(ValueError, match=r"plan_method must be one of \('lpt', 'round_robin', 'ping_pong'\)"):
-        LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=None, plan_method="greedy")
+        WholeTensorOptimizer(make_model(), cfg, dp_group=None, plan_method="greedy")
     with pytest.raises(ValueError, match=r"nonfinite must be one of \('skip', 'raise'\); got 'warn'"):
-        LayerWiseDistributedOptimizer(make_model(), cfg, dp_group=None, nonfinite="warn")
+        WholeTensorOptimizer(make_model(), cfg, dp_group=None, nonfinite="warn")
     with pytest.raises(ValueError, match=r"max_norm must be a number in \(0.0, inf\); got -1.0"):
         opt.clip_grad_norm_(-1.0)
+
+
+def test_the_old_public_name_still_resolves_with_a_future_warning() -> None:
+    """`LayerWiseDistributedOptimizer` (beside Megatron-Core's class of that name) was renamed; code written against
+    the old name keeps working, told what to write instead."""
+    import nemo_muon
+
+    with pytest.warns(FutureWarning, match=r"renamed nemo_muon\.WholeTensorOptimizer .*goes away in nemo-muon 0\.3"):
+        old = nemo_muon.LayerWiseDistributedOptimizer
+    assert old is WholeTensorOptimizer
+    assert "LayerWiseDistributedOptimizer" not in nemo_muon.__all__

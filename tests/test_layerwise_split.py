@@ -1,7 +1,7 @@
 """Split ownership (issue 15): a matrix too large for whole-tensor LPT is orthogonalized by a block of DP ranks.
 
 A model with one matrix three times as costly as the others: at DP=4 whole-tensor LPT leaves NS load max/mean
-1.33; with ``ns_split_target=1.2`` the engine splits that matrix over ranks (0, 1) (the plan says so, and the run
+1.33; with ``ns_split_target=1.2`` the whole-tensor optimizer splits that matrix over ranks (0, 1) (the plan says so, and the run
 does it), and the updates equal whole-tensor ownership and the single-process optimizer within the fp32 spread of
 DP=4 (test_layerwise_optimizer's ``reorder_spread``). Checkpoints hold whole tensors, so a run split at DP=4
 resumes at DP=2 (where LPT alone reaches the target: no split) and one at DP=2 resumes split at DP=4, each
@@ -21,7 +21,7 @@ from torch import nn
 from nemo_muon.accounting.ns_split import split_options
 from nemo_muon.config.optimizer import MuonConfig
 from nemo_muon.layerwise.checkpoint import load_checkpoint, save_checkpoint, step_dir
-from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer
+from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 from nemo_muon.layerwise.pieces import make_piece
 from nemo_muon.optim import build_optimizer
 from nemo_muon.optim.routing import GateUpLayout, QKVLayout, Route
@@ -88,7 +88,7 @@ def _reference(micro: int) -> dict[str, torch.Tensor]:
 
 def _run_body(rank: int, world: int, group: Any, target: float | None) -> dict[str, Any]:
     model = _model()
-    opt = LayerWiseDistributedOptimizer(model, _cfg(target), dp_group=group, bucket_size_mb=0.002,
+    opt = WholeTensorOptimizer(model, _cfg(target), dp_group=group, bucket_size_mb=0.002,
                                         overlap_param_gather=True)
     _train(model, opt, 0, STEPS, rank, world)
     opt.finish_param_gather()
@@ -119,7 +119,7 @@ def test_split_matches_whole_tensor_and_single_process_at_dp4() -> None:
 
 def _save_body(rank: int, world: int, group: Any, root: str, stop: int) -> dict[str, list[int]]:
     model = _model()
-    opt = LayerWiseDistributedOptimizer(model, _cfg(TARGET), dp_group=group, bucket_size_mb=0.002)
+    opt = WholeTensorOptimizer(model, _cfg(TARGET), dp_group=group, bucket_size_mb=0.002)
     _train(model, opt, 0, stop, rank, world)
     save_checkpoint(root, stop, model, opt, {"step": stop}, group)
     return {n: list(sp.ranks) for n, sp in opt.plans[0].splits.items()}
@@ -127,7 +127,7 @@ def _save_body(rank: int, world: int, group: Any, root: str, stop: int) -> dict[
 
 def _resume_body(rank: int, world: int, group: Any, root: str, start: int) -> dict[str, Any]:
     model = _model()
-    opt = LayerWiseDistributedOptimizer(model, _cfg(TARGET), dp_group=group, bucket_size_mb=0.002)
+    opt = WholeTensorOptimizer(model, _cfg(TARGET), dp_group=group, bucket_size_mb=0.002)
     load_checkpoint(step_dir(root, start), model, opt, group)
     _train(model, opt, start, STEPS, rank, world)
     opt.finish_param_gather()
@@ -178,7 +178,7 @@ def test_split_options_cost_and_bytes() -> None:
     assert split_options([(3, 5)]) == ()  # nothing divides
 
 
-def test_recipes_split_where_the_engine_executes_it() -> None:
+def test_recipes_split_where_the_optimizer_executes_it() -> None:
     """The torch backend takes ``optimizer.ns_split_target`` (and ``nemo-muon plan`` prints the split it executes);
     the megatron backend on Megatron-Core 0.18+ (this venv) refuses it when the recipe is built, naming the field
     (tests/container_stack runs it on 0.16)."""

@@ -1,6 +1,6 @@
 """NorMuon (`nemo_muon.optim.normuon`, registered in `nemo_muon.registry.normuon`): its update against the reference
 implementation of emerging-optimizers, on fused weights and 3-D expert stacks, refusals, and how the house plans it.
-Training on the torch backend's layer-wise engine is in tests/test_layerwise_optimizer.py, inside Megatron's
+Training on the torch backend's whole-tensor optimizer is in tests/test_layerwise_optimizer.py, inside Megatron's
 layer-wise optimizer in tests/megatron_cpu/test_megatron_training.py, the recipe in tests/test_recipes.py."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_on_the_megatron_backend_only_our_engine_runs_it():
 def test_planned_and_costed_as_muon_with_its_own_state():
     """The plan's ownership cost of a NorMuon matrix is Muon's (the same Newton–Schulz; the normalization is
     element-wise), its state one momentum plus one value per row of the longer side, and the recipe's plan names
-    it: NS counted; no split ownership (the torch engine splits NS over slices; the row moment needs the whole), and a
+    it: NS counted; no split ownership (the whole-tensor optimizer splits NS over slices; the row moment needs the whole), and a
     split target is refused, not ignored."""
     w = torch.zeros(64, 32)
     normuon, muon = NorMuonConfig(), MuonConfig()

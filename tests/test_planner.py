@@ -203,9 +203,9 @@ def test_split_gate_up_is_costed_per_part_but_owned_as_one_tensor():
     assert sum(split.gpu_flops) == pytest.approx(plan_recipe(r)["ns_flops_executed_per_step"])
 
 
-def test_split_members_hold_the_whole_matrix_inside_megatron_but_a_slice_in_the_torch_engine():
+def test_split_members_hold_the_whole_matrix_inside_megatron_but_a_slice_in_the_whole_tensor_optimizer():
     """Optimizer state of split ownership: inside Megatron-Core 0.16 every member of a block keeps the split
-    matrix's whole master and momentum; the torch engine keeps one slice per member. The difference on each rank is
+    matrix's whole master and momentum; the whole-tensor optimizer keeps one slice per member. The difference on each rank is
     exactly its split matrices' (ways - 1) / ways elements."""
     from nemo_muon.accounting.layout import validate_layout
     from nemo_muon.accounting.model_ownership import CostModel, stage_plan

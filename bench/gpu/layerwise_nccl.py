@@ -1,13 +1,13 @@
 """GPU check (run where GPUs are lent): the layer-wise optimizer on NCCL, against single-process Muon on the GPU.
 
-The CPU test suite proves the engine on gloo (tests/test_layerwise_*.py); this script runs the same comparison with
+The CPU test suite proves the whole-tensor optimizer on gloo (tests/test_layerwise_*.py); this script runs the same comparison with
 the NCCL backend and CUDA tensors, where collectives refuse CPU tensors, in bf16 with fp32 master weights and with
 the param gather overlapped, then saves and reloads a checkpoint and checks the weights survive bit for bit.
 
     torchrun --nproc-per-node <GPUs> bench/gpu/layerwise_nccl.py [--steps 5] [--dim 1024]
     torchrun --nproc-per-node 2 bench/gpu/layerwise_nccl.py --cpu --dim 128   # the same script on gloo/CPU
 
-With one GPU it runs at DP=1 (still NCCL, still the engine's collectives). Prints the relative L2 difference of all
+With one GPU it runs at DP=1 (still NCCL, still the whole-tensor optimizer's collectives). Prints the relative L2 difference of all
 parameters from single-process Muon in the same dtype (expect 0 at DP=1-2: the reference accumulates the ranks'
 shares in the DP reduction's order; ~1e-6 beyond, from the collective's summation order), the optimizer-step time ratio layer-wise / replicated Muon (CUDA events), and the checkpoint check.
 """
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from nemo_muon.config.optimizer import MuonConfig
 from nemo_muon.layerwise.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer
+from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 from nemo_muon.optim.factory import build_optimizer
 
 
@@ -47,7 +47,7 @@ def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[tor
     """Train on the global batches; return the mean optimizer-step time in ms.
 
     Layer-wise: each rank its share. Reference: the shares one after another as accumulated micro-batches, so the
-    gradient is summed in the same order as the DP reduction and the comparison isolates the engine.
+    gradient is summed in the same order as the DP reduction and the comparison isolates the whole-tensor optimizer.
     """
     times = []
     dtype = next(model.parameters()).dtype
@@ -94,7 +94,7 @@ def main() -> None:
         ref_opt = build_optimizer(cfg, list(reference.named_parameters()), **low_precision)
         ref_ms = _train(reference, ref_opt, batches, 0, world, False)
         model = _model(args.dim, device, dtype)
-        opt = LayerWiseDistributedOptimizer(model, cfg, dp_group=dist.group.WORLD, overlap_param_gather=overlap)
+        opt = WholeTensorOptimizer(model, cfg, dp_group=dist.group.WORLD, overlap_param_gather=overlap)
         lw_ms = _train(model, opt, batches, rank, world, True)
         opt.finish_param_gather()
         pairs = list(zip(model.parameters(), reference.parameters(), strict=True))
@@ -110,7 +110,7 @@ def main() -> None:
     saved = {n: p.detach().clone() for n, p in model.named_parameters()}
     save_checkpoint(holder[0], args.steps, model, opt, {"step": args.steps}, dist.group.WORLD)
     fresh = _model(args.dim, device, torch.bfloat16)
-    fresh_opt = LayerWiseDistributedOptimizer(fresh, cfg, dp_group=dist.group.WORLD)
+    fresh_opt = WholeTensorOptimizer(fresh, cfg, dp_group=dist.group.WORLD)
     load_checkpoint(latest_checkpoint(holder[0]), fresh, fresh_opt, dist.group.WORLD)
     same = all(torch.equal(saved[n], p) for n, p in fresh.named_parameters())
     if rank == 0:

@@ -10,7 +10,7 @@ Model (Megatron-Core's layout):
   the final norm and the head on the last rank.
 - The GPUs of one stage are tp·cp·dp; GPU r has TP rank r mod tp and DP·CP index r div tp, and for routed experts
   ETP rank r mod etp, EP rank (r div etp) mod ep and expert-DP index r div (etp·ep).
-- The ownership unit is a stored tensor (the engine and Megatron's layer-wise optimizer own whole tensors). A fused
+- The ownership unit is a stored tensor (the whole-tensor optimizer and Megatron's layer-wise optimizer own whole tensors). A fused
   gate/up or QKV tensor costs the NS of its parts when the optimizer splits it (``split_gate_up`` / ``split_qkv``)
   and of the fused matrix when it does not (Megatron orthogonalizes ``linear_fc1`` fused), but is owned as one.
 - Cost = NS FLOPs one TP rank executes for the TP mode (``accounting.ns_count.ns_flops_per_tp_rank``); shapes and
@@ -18,7 +18,7 @@ Model (Megatron-Core's layout):
 - ``CostModel.tensors`` names whose stored tensors these are. "megatron": Megatron's (above). "hf": the torch
   backend's HF models (``nemo_muon.models.hf``): every Megatron part (q / k / v, gate / up, the MLA projections) is
   a tensor of its own, and the routed experts of a layer are one 3-D stack per projection (gate and up fused), owned
-  whole like any other tensor (the torch backend has no EP); the layer-wise engine (``layerwise.plan_items``) costs
+  whole like any other tensor (the torch backend has no EP); the whole-tensor optimizer (``layerwise.plan_items``) costs
   exactly these tensors.
 - With EP > 1, routed experts of EP rank e are spread over its expert-DP replicas by the method (pinned when
   expert-DP = 1); with EP = 1 and ETP = TP they are ordinary tensors of the stage (Megatron's ``allreduce`` stays
@@ -27,13 +27,13 @@ Model (Megatron-Core's layout):
   When etp = tp (Megatron's default) a DP·CP rank's TP ranks hold the same experts and the experts are pinned in
   the same plan; otherwise the DP plan starts from the busiest TP rank's expert load.
 
-``balance_target`` (``stage_plan``, ``model_plan``; what the layer-wise engines execute, ``nemo-muon plan``'s
+``balance_target`` (``stage_plan``, ``model_plan``; what the layer-wise optimizers execute, ``nemo-muon plan``'s
 figures): a free hidden matrix can be split over an aligned block of 2, 4 or 8 DP ranks that run its Newton–Schulz
 together (``accounting.ns_split``: distributed NS over the block, its true per-member cost and bytes); LPT splits the
 busiest rank's largest matrix until the stage's max/mean reaches the target (``ownership.plan_ownership``). Only
 with TP = 1 (under TP a matrix is already a shard; a split would nest in the TP mode) and never for routed experts
 (owned within their EP rank's expert-DP group, or, at EP = 1, kept whole as the engines keep them).
-``split_gather_update`` counts the extra all-gather of the whole update that Megatron's layer-wise optimizer needs (``nemo_muon.megatron.cost_balanced``); the torch engine shares the slices in its usual buckets.
+``split_gather_update`` counts the extra all-gather of the whole update that Megatron's layer-wise optimizer needs (``nemo_muon.megatron.cost_balanced``); the whole-tensor optimizer shares the slices in its usual buckets.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Torch-free. What it models (docs/flops.md has the rules and the arithmetic):
   its edp replicas), the stage's other tensors go by LPT over the dp·cp ranks starting from their expert load.
   Without layer-wise ownership every replica orthogonalizes all of its matrices. Costs are the NS FLOPs one TP
   rank executes for the recipe's TP mode. With Muon's ``ns_split_target`` the plan is the split one
-  the layer-wise engine executes (``stage_plan(balance_target=...)``: the torch engine, or our ownership inside
+  the whole-tensor optimizer executes (``stage_plan(balance_target=...)``: the whole-tensor optimizer, or our ownership inside
   Megatron-Core 0.16's layer-wise optimizer, which also all-gathers the update within the block:
   ``CostModel.split_gather_update``); ``ns_split`` reports that plan's figures (split matrices, extra bytes per
   rank, the pipeline layout's bound on the global max/mean) and, for a recipe without a target, what a split at
@@ -94,7 +94,7 @@ def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool, split_held_whol
     """Per-GPU NS load, held elements, owned matrix elements and AdamW share of one stage (``sp`` from
     ``nemo_muon.accounting.model_ownership.stage_plan``, the one source of the ownership and of the NS load).
     ``split_held_whole``: every member of a split matrix's block keeps its whole master and momentum (our ownership
-    inside Megatron-Core 0.16); otherwise each keeps its slice (the torch engine)."""
+    inside Megatron-Core 0.16); otherwise each keeps its slice (the whole-tensor optimizer)."""
     tp, etp, ep, edp = layout.tp, layout.etp, layout.ep, layout.edp
     dpcp = layout.dp * layout.cp
     dense = [t for t in sp.tensors if t.ep_rank is None]

@@ -104,7 +104,7 @@ class MuonConfig(BaseOptimizerConfig):
     ns_split_target: float | None = dataclasses.field(default=None, metadata={LAYERWISE_ENGINE_FIELD: True})
     """Layer-wise ownership: the NS load max/mean over the DP ranks to reach by splitting the largest matrices'
     Newton–Schulz over aligned blocks of 2, 4 or 8 DP ranks (distributed NS within the block; exact up to fp32
-    rounding); None = whole-tensor ownership only. Run by the torch backend's engine and, on the megatron backend,
+    rounding); None = whole-tensor ownership only. Run by the torch backend's whole-tensor optimizer and, on the megatron backend,
     by engine 'nemo_muon' inside Megatron-Core 0.16 with TP=1 (refused on 0.18+, where DDP's layout owns the
     tensors). ``nemo-muon plan`` prints the plan this executes."""
     engine: MegatronEngine = dataclasses.field(default="nemo_muon", metadata={MEGATRON_BACKEND_ONLY: True})

@@ -1,9 +1,9 @@
-"""nemo_muon.layerwise: the layer-wise distributed optimizer (whole tensors per data-parallel rank).
+"""nemo_muon.layerwise: the whole-tensor optimizer (each data-parallel rank owns whole tensors: the layer-wise layout).
 
 The ownership it runs is computed by the torch-free ``nemo_muon.accounting`` package (``ownership_plan``:
 LPT and the round-robin / ping-pong baselines; ``model_ownership``: plans of a whole ModelSpec under PP/DP/EP).
 
-- ``optimizer``: ``LayerWiseDistributedOptimizer``, which coordinates its parts: ``plan_items`` (the plan),
+- ``optimizer``: ``WholeTensorOptimizer``, which coordinates its parts: ``plan_items`` (the plan),
   ``ownership`` (what each rank owns and its masters), ``buckets`` (communication), ``grad_reduction``,
   ``owned_update`` (the inner optimizers' step, shared back) and ``state_format``.
 - ``checkpoint``: DP-size-independent, atomic, verified checkpoints.
@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "LayerWiseDistributedOptimizer": "nemo_muon.layerwise.optimizer",
+    "WholeTensorOptimizer": "nemo_muon.layerwise.optimizer",
     "save_checkpoint": "nemo_muon.layerwise.checkpoint",
     "load_checkpoint": "nemo_muon.layerwise.checkpoint",
     "latest_checkpoint": "nemo_muon.layerwise.checkpoint",

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import check_positive_int
-from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer
+from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 
 FORMAT = "nemo_muon.layerwise.checkpoint/1"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
@@ -145,7 +145,7 @@ def _barrier(group: dist.ProcessGroup | None) -> None:
         dist.barrier(group=group)
 
 
-def _require_dense(optimizer: LayerWiseDistributedOptimizer, group: dist.ProcessGroup | None) -> None:
+def _require_dense(optimizer: WholeTensorOptimizer, group: dist.ProcessGroup | None) -> None:
     if group is not optimizer.dp_group:
         raise ValueError(f"group must be the optimizer's dp_group ({optimizer.dp_group!r}); got {group!r} (every rank "
                          "of the data-parallel group takes part in a save or load)")
@@ -155,7 +155,7 @@ def _require_dense(optimizer: LayerWiseDistributedOptimizer, group: dist.Process
 
 
 def save_checkpoint(root: str | os.PathLike[str], step: int, model: torch.nn.Module,
-                    optimizer: LayerWiseDistributedOptimizer, extra: dict[str, Any] | None = None,
+                    optimizer: WholeTensorOptimizer, extra: dict[str, Any] | None = None,
                     group: dist.ProcessGroup | None = None, *, _after_shard: Any = None) -> Path:
     """Write checkpoint ``step`` under ``root`` (all ranks of ``group`` call it); return its directory.
 
@@ -285,7 +285,7 @@ def _check_same_model(model: torch.nn.Module, manifest: dict[str, Any], path: Pa
                               f"dtype differences {casts[:10]} (a load never casts)")
 
 
-def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: LayerWiseDistributedOptimizer,
+def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: WholeTensorOptimizer,
                     group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Load checkpoint directory ``path`` (any DP size) into ``model`` and ``optimizer``; verify; return ``extra``."""
     _require_dense(optimizer, group)
@@ -332,7 +332,7 @@ def _read_shards(path: Path, manifest: dict[str, Any], mine: set[str]) -> dict[s
     return merged
 
 
-def _verify(model: torch.nn.Module, optimizer: LayerWiseDistributedOptimizer, manifest: dict[str, Any]) -> list[str]:
+def _verify(model: torch.nn.Module, optimizer: WholeTensorOptimizer, manifest: dict[str, Any]) -> list[str]:
     """Names whose loaded param or optimizer state differs from the manifest (dtypes equal: _check_same_model)."""
     bad = []
     for n, p in model.named_parameters():

@@ -1,6 +1,6 @@
-"""Gradient reduction of the layer-wise engine: grads to their owners, then the global questions asked of them.
+"""Gradient reduction of the whole-tensor optimizer: grads to their owners, then the global questions asked of them.
 
-One `GradientReduction` per engine: ``reduce`` brings every owned master its DP-mean gradient (the buckets' reduce,
+One `GradientReduction` per whole-tensor optimizer: ``reduce`` brings every owned master its DP-mean gradient (the buckets' reduce,
 started by the backward hooks with ``overlap_grad_reduce`` or here), once per step; ``global_norm``, ``clip`` and
 ``all_finite`` answer for the gradient of the whole model, so every rank agrees. In all-reduce mode over one group
 every rank already holds every reduced gradient, so they need no collective; otherwise one scalar all-reduce over

@@ -9,7 +9,7 @@ forward. With Muon's ``ns_split_target`` the largest matrices are split: each me
 owns one slice (``pieces``), the slices are reduced and shared through the buckets like whole tensors, and the
 block's members run the matrix's Newton–Schulz together (Muon in ``tp_mode="distributed"`` over the block's group).
 
-The engine coordinates its parts: `ownership` (the plan of `plan_items`: LPT over the update FLOPs of what the inner
+The whole-tensor optimizer coordinates its parts: `ownership` (the plan of `plan_items`: LPT over the update FLOPs of what the inner
 optimizer runs, then bytes, computed identically on every rank; buckets, owned tensors, masters), `grad_reduction`
 (grads to their owners, the global norm, clipping, the non-finite check), `owned_update` (the inner optimizers at
 the scheduled rate, the result written back and shared) and `state_format` (state dicts). See docs/layerwise.md.
@@ -41,7 +41,7 @@ def default_is_expert(name: str) -> bool:
     return ".experts." in name
 
 
-class LayerWiseDistributedOptimizer(torch.optim.Optimizer):
+class WholeTensorOptimizer(torch.optim.Optimizer):
     """Wrap Muon / SOAP / AdamW so each rank of ``dp_group`` updates only the whole tensors it owns.
 
     ``optimizer`` is a config (`MuonConfig`, `SoapConfig`, `AdamWConfig`) or a factory ``named_params -> Optimizer``.

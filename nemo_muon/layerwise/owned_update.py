@@ -2,7 +2,7 @@
 
 `OwnedUpdate` builds the inner optimizers once: one (the config's, or the factory's) over the owned whole tensors'
 masters, and for Muon's split matrices one Muon per block this rank is in, over its slices, in
-``tp_mode="distributed"`` over the block's group. The engine's ``param_groups[0]['lr']`` is absolute; each inner
+``tp_mode="distributed"`` over the block's group. The whole-tensor optimizer's ``param_groups[0]['lr']`` is absolute; each inner
 group applies it times its own ratio to the reference rate (the config's ``lr``; for a factory the largest initial
 group lr of all ranks' inner optimizers). `apply` steps them and writes every owned master into its parameter and
 bucket buffer (a slice into its part of the parameter); `share` starts the buckets' gathers.
@@ -41,7 +41,7 @@ class OwnedUpdate:
         if self.inner is not None:
             for g, base in zip(self.inner.param_groups, self.base_lrs, strict=True):
                 g["lr"] = lr * (base / self.reference_lr)  # exactly lr for a group at the reference rate
-            if hasattr(self.inner, "report_nonfinite"):  # nemo_muon optimizers: the engine checked globally
+            if hasattr(self.inner, "report_nonfinite"):  # nemo_muon optimizers: the whole-tensor optimizer checked globally
                 self.inner.step(skip_nonfinite_check=True)
             else:
                 self.inner.step()

@@ -1,8 +1,8 @@
-"""Ownership of the layer-wise engine: which rank owns which tensor (or slice), and what it holds for it.
+"""Ownership of the whole-tensor optimizer: which rank owns which tensor (or slice), and what it holds for it.
 
 `build_ownership` runs once, at construction, identically on every rank. Per category of parameters (every
 trainable parameter over ``dp_group``; with an ``expert_dp_group`` the dense ones over ``dp_group`` and the expert
-ones over ``expert_dp_group``) it checks that the replicas agree, computes the plan (`plan_items.engine_plan`),
+ones over ``expert_dp_group``) it checks that the replicas agree, computes the plan (`plan_items.whole_tensor_plan`),
 turns it into bucket entries (whole tensors, and one slice per member of each split matrix: ``pieces``), builds
 the buckets and records what this rank owns. Then it creates the masters: an fp32 copy of each owned low-precision
 tensor (``master_weights``; otherwise the parameter itself) and one tensor per owned slice of a split matrix. An
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from nemo_muon.accounting.ownership_plan import OwnershipPlan
 from nemo_muon.layerwise.buckets import Bucket, Entry, build_buckets, resolve_collectives
 from nemo_muon.layerwise.pieces import Piece, make_piece
-from nemo_muon.layerwise.plan_items import engine_plan, is_factory, matrix_route
+from nemo_muon.layerwise.plan_items import is_factory, matrix_route, whole_tensor_plan
 from nemo_muon.layerwise.split_groups import block_groups
 
 NamedParams = Sequence[tuple[str, torch.nn.Parameter]]
@@ -56,7 +56,7 @@ def piece_key(name: str, index: int, ways: int) -> str:
 
 @dataclass
 class Ownership:
-    """What `build_ownership` computed for this rank (the engine exposes each field as its attribute)."""
+    """What `build_ownership` computed for this rank (the whole-tensor optimizer exposes each field as its attribute)."""
 
     plans: list[OwnershipPlan]
     """One plan per non-empty category (dp_group's first)."""
@@ -95,7 +95,7 @@ def build_ownership(named: NamedParams, optimizer: Any, *, dp_group: dist.Proces
         rank, world = group_rank_world(group, field)
         if check_replicas:
             check_replicas_agree(cat, group, field)
-        plan = engine_plan(cat, world, optimizer, plan_method, split=field == "dp_group" and world > 1,
+        plan = whole_tensor_plan(cat, world, optimizer, plan_method, split=field == "dp_group" and world > 1,
                            built=built)
         plans.append(plan)
         resolved = resolve_collectives(collectives, group)

@@ -1,4 +1,4 @@
-"""The ownership plan of the layer-wise engine: one `PlanItem` per parameter, costed as the inner optimizer runs it.
+"""The ownership plan of the whole-tensor optimizer: one `PlanItem` per parameter, costed as the inner optimizer runs it.
 
 The cost of a matrix is its update's FLOPs on the matrices the optimizer actually runs, from the optimizer's entry in
 `nemo_muon.registry` (``spec.matrix``, the one cost model): the parameter is routed
@@ -6,16 +6,16 @@ The cost of a matrix is its update's FLOPs on the matrices the optimizer actuall
 that runs per part (Muon's NS: ``per_part``) costs the sum of its parts, one that runs on the fused matrix (SOAP)
 the whole; element-wise optimizers (AdamW) and AdamW-routed parameters cost 0 and are placed by bytes. With
 ``ns_split_target`` (an optimizer whose entry is ``splittable``) a 2-D matrix also carries its ``split_options``
-(``accounting.ns_split``), and `engine_plan` lets LPT split the largest over aligned blocks of DP ranks. The stage
+(``accounting.ns_split``), and `whole_tensor_plan` lets LPT split the largest over aligned blocks of DP ranks. The stage
 plans of ``nemo-muon plan`` use the same functions.
 
 An optimizer factory is asked, not guessed: its optimizer is built once over the parameters (constructing Muon,
-SOAP or a torch optimizer routes the parameters and allocates no state; the engine builds it once more over the
+SOAP or a torch optimizer routes the parameters and allocates no state; the whole-tensor optimizer builds it once more over the
 owned masters) and `factory_items` costs each parameter by the route that optimizer gives it (``route_of``: its own
 ``matrix_rule``, forced groups and fused layouts) and by its registry entry (``registry_name``), with its group's
 hyperparameters. torch's ``torch.optim.Muon`` orthogonalizes every (2-D) tensor it holds: NS of the whole tensor.
-Any other optimizer exposes no routing, so the engine cannot see a matrix cost; it is costed as element-wise (every
-tensor 0, placed by bytes, as AdamW is), which is what torch's SGD / Adam / AdamW do; the engine does not guess
+Any other optimizer exposes no routing, so the whole-tensor optimizer cannot see a matrix cost; it is costed as element-wise (every
+tensor 0, placed by bytes, as AdamW is), which is what torch's SGD / Adam / AdamW do; the whole-tensor optimizer does not guess
 FLOPs it cannot see. A parameter the factory leaves out is never updated: cost 0. A factory's matrices are never
 split (``ns_split_target`` is a config field).
 """
@@ -102,9 +102,9 @@ def factory_items(named: Sequence[tuple[str, torch.Tensor]], built: torch.optim.
     return items
 
 
-def engine_plan(named: Sequence[tuple[str, torch.Tensor]], world: int, optimizer: Any, method: str, *,
+def whole_tensor_plan(named: Sequence[tuple[str, torch.Tensor]], world: int, optimizer: Any, method: str, *,
                 split: bool, built: torch.optim.Optimizer | None = None) -> OwnershipPlan:
-    """The plan the engine executes for ``named`` over ``world`` ranks; ``split``: Muon's ``ns_split_target``.
+    """The plan the whole-tensor optimizer executes for ``named`` over ``world`` ranks; ``split``: Muon's ``ns_split_target``.
     For a factory, ``built`` is its optimizer built over (at least) ``named``; None builds it here."""
     if is_factory(optimizer):
         items = factory_items(named, optimizer(list(named)) if built is None else built)

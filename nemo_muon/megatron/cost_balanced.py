@@ -11,7 +11,7 @@ starting from the expert work each rank already has, as ``nemo-muon plan`` model
 (all-gather of the owned shards, master weights, checkpoints) is Megatron's, unchanged.
 
 Split ownership (``MuonConfig.ns_split_target``, 0.16, Muon, TP = 1): the dense matrices are planned by
-`nemo_muon.accounting.ownership_plan.plan_ownership` with a balance target, exactly as the torch engine plans them
+`nemo_muon.accounting.ownership_plan.plan_ownership` with a balance target, exactly as the whole-tensor optimizer plans them
 (``accounting.ns_split``, counting the extra all-gather of the update). A split matrix stays whole in the optimizer
 of every member of its block (each holds the fp32 master and the momentum, and receives the full reduced gradient:
 0.16's DDP all-reduces); our Muon runs its Newton–Schulz distributed over the block (`Muon.share_split`), so every

@@ -75,7 +75,7 @@ MUON_GROUP_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(MuonConfig)
     if f.init and f.name not in ("split_qkv", "split_gate_up", "nonfinite", "tp_mode", "engine", "ns_split_target"))
 """`MuonConfig`'s fields a param group may set (the others are the optimizer's: routing, policy, TP mode, and the
-layer-wise engines' and the megatron backend's)."""
+layer-wise optimizers' and the megatron backend's)."""
 
 
 @dataclass(frozen=True)

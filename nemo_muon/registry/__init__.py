@@ -1,7 +1,7 @@
 """The optimizer registry: one `OptimizerSpec` per optimizer, the one place that says which optimizer a config is.
 
 Every part of the house that must know the optimizer asks here: the torch factory (``spec.implementation``), the
-layer-wise engines and the planner (``spec.matrix``: routing, the update's cost, state bytes), the megatron backend
+layer-wise optimizers and the planner (``spec.matrix``: routing, the update's cost, state bytes), the megatron backend
 (``spec.megatron``), the recipes' name tables (`names`, `config_classes`). A config's spec is found by its exact
 class, so a config subclassed from a registered one is refused until it is registered itself: it never runs, nor is
 costed, as its parent.

@@ -1,7 +1,7 @@
 """The one cost model of a matrix update: FLOPs per step and state bytes of one matrix, torch-free.
 
 Every consumer asks these functions through an optimizer's `OptimizerSpec` (``spec.matrix``): the planner
-(``nemo_muon.accounting``), the torch engine's ownership (``nemo_muon.layerwise.plan_items``), the ownership inside
+(``nemo_muon.accounting``), the whole-tensor optimizer's ownership (``nemo_muon.layerwise.plan_items``), the ownership inside
 Megatron-Core (``nemo_muon.megatron.cost_balanced``) and the split (``nemo_muon.accounting.ns_split``).
 
 - Newton–Schulz (``ns_flop_terms``, the counting rule of docs/flops.md): one iteration on X (m x n, m <= n after

@@ -6,7 +6,7 @@ Per matrix (after Muon's momentum and Newton–Schulz, O = NS(u)): with the mean
 v <- v.lerp(mean(O², long side), 1 - beta2);  Ô = O · rsqrt(max(v, eps));  Ô <- Ô · ‖O‖_F / max(‖Ô‖_F, eps);
 then Muon's scale. The same as emerging-optimizers' ``AdaptiveMuon(moment2_method="normuon")``, which is the test's
 reference; ours adds what Muon has there: the AdamW part, fused-weight splitting, 3-D expert stacks (per expert),
-the layer-wise engines and split ownership.
+the layer-wise optimizers and split ownership.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ SPEC = dataclasses.replace(
     label="NorMuon",
     config_class=NorMuonConfig,
     implementation="nemo_muon.optim.normuon:NorMuon",
-    # the torch engine's split runs NS on slices; the row moment needs the whole matrix
+    # the whole-tensor optimizer's split runs NS on slices; the row moment needs the whole matrix
     matrix=dataclasses.replace(MUON_SPEC.matrix, state_elements=normuon_state_elements, splittable=False),
     # no Megatron-Core implementation; the second moment (one value per row) is not shaped like the parameter
     megatron=dataclasses.replace(MUON_SPEC.megatron, engines=("nemo_muon",), registered_name="nemo_normuon",

@@ -156,7 +156,7 @@ def resume_or_check_fresh(recipe: TrainingRecipe, ckpt_root: Path, model: torch.
     if latest is None:
         raise RunRefused(f"checkpoint.resume=True needs a verified checkpoint under {str(ckpt_root)!r}; found none")
     try:
-        extra = lw_ckpt.load_checkpoint(latest, model, opt.engine, group)
+        extra = lw_ckpt.load_checkpoint(latest, model, opt.whole_tensor, group)
     except lw_ckpt.CheckpointError as err:
         fix = "" if "aside" in str(err) else ". Move that folder aside to resume from an earlier checkpoint"
         raise lw_ckpt.CheckpointError(f"checkpoint.resume=True cannot resume from {str(latest)!r}: {err}{fix}") from err
@@ -212,7 +212,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
     start_step = resume.step if resume else 0
     # the one owner of the rate: absolute rates on the param groups, from the schedule at this run's first step (a
     # checkpoint saved after step k holds the rate of step k, so on a resume this agrees with the restored groups)
-    scheduler = build_lr_scheduler(opt.engine, recipe.scheduler, t.max_steps, peak_lr=recipe.optimizer.lr,
+    scheduler = build_lr_scheduler(opt.whole_tensor, recipe.scheduler, t.max_steps, peak_lr=recipe.optimizer.lr,
                                    start_step=start_step)
     elapsed_before = resume.elapsed_s if resume else 0.0  # metrics time continues over the resume
     resumed_from = resume.source if resume else None
@@ -268,7 +268,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
         tps = tokens / step_time
         if done % t.log_interval == 0 or done == end_step or result.skipped:  # every skipped step is logged
             metrics.write("train", step=done, loss=loss_value, lr=applied_lr,
-                          grad_norm=result.grad_norm, skipped=result.skipped, skipped_steps=opt.engine.skipped_steps,
+                          grad_norm=result.grad_norm, skipped=result.skipped, skipped_steps=opt.whole_tensor.skipped_steps,
                           tokens=done * tokens, step_time_s=step_time, optimizer_time_s=result.optimizer_time_s,
                           tokens_per_s=tps, model_tflops=flops.model_flops / world / step_time / 1e12,
                           ns_tflops=flops.ns_flops / world / step_time / 1e12, elapsed_s=elapsed_before + clock.elapsed())
@@ -283,7 +283,7 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
         metrics.progress(progress_line(done, t.max_steps, loss_value, tps, eta, val_loss))
         if recipe.checkpoint.save_interval and (done % recipe.checkpoint.save_interval == 0 or done == end_step):
             opt.wait_params()
-            lw_ckpt.save_checkpoint(ckpt_root, done, model, opt.engine,
+            lw_ckpt.save_checkpoint(ckpt_root, done, model, opt.whole_tensor,
                                     training_state(recipe, done, world, data, elapsed_before + clock.elapsed()), group)
     metrics.close()
     steady_steps = max(0, end_step - start_step - 1)

@@ -1,11 +1,11 @@
 """The training loop's view of an optimizer: reduce gradients over data parallelism, clip, step.
 
 `build_training_optimizer` runs every optimizer of a recipe (Muon, SOAP and the AdamW baseline) through
-`nemo_muon.layerwise.LayerWiseDistributedOptimizer`: each DP rank owns whole tensors and updates them; with the
+`nemo_muon.layerwise.WholeTensorOptimizer`: each DP rank owns whole tensors and updates them; with the
 engine's ``collectives="auto"``, on gloo gradients are all-reduced and each owner broadcasts its updated tensors, on
 NCCL gradients are reduce-scattered to their owners and updated tensors all-gathered (overlapped with the next
-forward either way). At DP 1 the same engine runs without communication, so there is one optimizer state format and one
-checkpoint path (`nemo_muon.layerwise.checkpoint`, with ``engine``) at every DP size.
+forward either way). At DP 1 the same whole-tensor optimizer runs without communication, so there is one optimizer state format and one
+checkpoint path (`nemo_muon.layerwise.checkpoint`, with ``whole_tensor``) at every DP size.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from nemo_muon.config.recipe import TrainingRecipe
-from nemo_muon.layerwise.optimizer import LayerWiseDistributedOptimizer
+from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 
 
 @dataclass
@@ -33,35 +33,35 @@ class StepResult:
 
 
 class TrainingOptimizer:
-    """Clip the global grad norm and step the layer-wise engine; `wait_params()` finishes a pending gather."""
+    """Clip the global grad norm and step the whole-tensor optimizer; `wait_params()` finishes a pending gather."""
 
-    def __init__(self, engine: LayerWiseDistributedOptimizer, *, grad_clip: float) -> None:
-        self.engine = engine
+    def __init__(self, whole_tensor: WholeTensorOptimizer, *, grad_clip: float) -> None:
+        self.whole_tensor = whole_tensor
         self.grad_clip = grad_clip
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        return self.engine.param_groups
+        return self.whole_tensor.param_groups
 
     def zero_grad(self) -> None:
-        self.engine.zero_grad(set_to_none=True)
+        self.whole_tensor.zero_grad(set_to_none=True)
 
     def step(self) -> StepResult:
         t0 = time.perf_counter()
         if self.grad_clip > 0:
-            norm = self.engine.clip_grad_norm_(self.grad_clip)
+            norm = self.whole_tensor.clip_grad_norm_(self.grad_clip)
         else:
-            norm = self.engine.global_grad_norm()
-        self.engine.step()
-        return StepResult(grad_norm=norm, skipped=self.engine.last_step_skipped,
+            norm = self.whole_tensor.global_grad_norm()
+        self.whole_tensor.step()
+        return StepResult(grad_norm=norm, skipped=self.whole_tensor.last_step_skipped,
                           optimizer_time_s=time.perf_counter() - t0)
 
     def wait_params(self) -> None:
         """Finish any pending parameter gather (before the model is read outside a forward pass)."""
-        self.engine.finish_param_gather()
+        self.whole_tensor.finish_param_gather()
 
 
 def build_training_optimizer(recipe: TrainingRecipe, model: torch.nn.Module, *, group: Any) -> TrainingOptimizer:
     """The recipe's optimizer (Muon, SOAP or AdamW), layer-wise over ``group`` (None = one process)."""
-    engine = LayerWiseDistributedOptimizer(model, recipe.optimizer, dp_group=group, overlap_param_gather=True)
-    return TrainingOptimizer(engine, grad_clip=recipe.trainer.grad_clip)
+    whole_tensor = WholeTensorOptimizer(model, recipe.optimizer, dp_group=group, overlap_param_gather=True)
+    return TrainingOptimizer(whole_tensor, grad_clip=recipe.trainer.grad_clip)

@@ -13,7 +13,7 @@ def check_torch_backend(recipe: TrainingRecipe) -> None:
     """What `nemo_muon.train` (loop, HF model builder, tokenizer) refuses, as it words it."""
     if not recipe.layerwise:
         raise ValueError("recipe.layerwise must be True for backend 'torch' (every optimizer runs through the "
-                         "layer-wise engine: one optimizer state and checkpoint format); got False")
+                         "whole-tensor optimizer: one optimizer state and checkpoint format); got False")
     p = recipe.parallelism
     for name in ("tp", "pp", "cp", "ep", "etp", "vp"):
         if getattr(p, name) != 1:

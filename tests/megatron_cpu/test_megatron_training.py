@@ -255,7 +255,7 @@ def test_experts_are_owned_and_shared_within_their_expert_data_parallel_group():
 @pytest.mark.parametrize("optimizer", ["muon", "soap"])
 def test_matrices_are_owned_by_update_cost_inside_megatron_016(optimizer):
     """Megatron-Core 0.16 (NGC 26.02): engine nemo_muon's layer-wise optimizer owns the matrices by LPT on their
-    update cost (`nemo_muon.megatron.cost_balanced`), the plan our torch engine uses, instead of Megatron's numel
+    update cost (`nemo_muon.megatron.cost_balanced`), the plan our whole-tensor optimizer uses, instead of Megatron's numel
     ping-pong; the per-rank cost is what LPT computes from the matrices' costs and no worse than ping-pong's. On 0.18+
     ownership comes from the parameter layout DDP computes before the optimizer exists: Megatron's, kept."""
     if Version(MCORE) >= Version("0.18"):
