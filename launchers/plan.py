@@ -78,8 +78,25 @@ def _human(plan: dict[str, Any]) -> str:
             f", MFU {plan['mfu_model']:.1%} / {plan['mfu_model_plus_ns']:.1%} of {plan['mfu_peak']}"
         lines.append(f"measured    {plan['step_time_s']} s/step: {plan['model_tflops_per_gpu']:.0f} model + "
                      f"{plan['ns_tflops_per_gpu']:.0f} NS = {plan['model_plus_ns_tflops_per_gpu']:.0f} TFLOP/s/GPU{mfu}")
+    lines += _step_time_lines(plan.get("step_time"), plan["gpu"])
     lines.append(f"counting    {plan['counting_rule']}")
     return "\n".join(lines)
+
+
+def _step_time_lines(st: dict[str, Any] | None, gpu: str) -> list[str]:
+    if st is None:
+        return [f"step time   n/a (no hardware constants for gpu {gpu!r}; docs/step_time.md)"]
+    paths = st["paths"]
+    adamw = paths["adamw"]
+    lines = [f"step time   predicted on {gpu} ({st['model_tflops_per_gpu']:.0f} model TFLOP/s/GPU, "
+             f"{st['model_tflops_source']}; {st['implementation']}'s Muon): AdamW {adamw['step_s']:.3f} s"]
+    for name, label in (("muon_all_reduce", "all-reduce layout"), ("muon_reduce_scatter", "reduce-scatter layout")):
+        p = paths[name]
+        lines.append(f"            Muon, {label}: {p['step_s']:.3f} s, {st['throughput_ratio'][name]:.3f} of AdamW's "
+                     f"throughput (NS busiest rank {p['ns_busiest_rank_s'] * 1e3:.0f} ms, optimizer "
+                     f"{p['optimizer_s'] * 1e3:.0f} ms, exposed: grads {p['grad_reduction_exposed_s'] * 1e3:.0f} ms, "
+                     f"gather {p['param_gather_exposed_s'] * 1e3:.0f} ms)")
+    return lines
 
 
 @click.command("plan")
@@ -94,12 +111,16 @@ def _human(plan: dict[str, Any]) -> str:
               help="Explicit Megatron pipeline layout string, e.g. 'Et|(tt|)*30L' (default: derived from PP·VP).")
 @click.option("--step-time", type=FINITE_POSITIVE, default=None,
               help="A measured step time in seconds: adds TFLOP/s/GPU and MFU, model-only and model + NS.")
+@click.option("--model-tflops", type=FINITE_POSITIVE, default=None,
+              help="Achieved model TFLOP/s/GPU of the AdamW baseline: the step-time model's compute (default: an "
+              "assumed 40% of the GPU's dense bf16 peak).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe field before planning, e.g. --set trainer.global_batch_size=8192 (repeatable;"
               " checked like launch and --dryrun check it).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | None, syrk: bool,
-         pipeline_layout: str | None, step_time: float | None, overrides: tuple[str, ...], as_json: bool) -> None:
+         pipeline_layout: str | None, step_time: float | None, model_tflops: float | None, overrides: tuple[str, ...],
+         as_json: bool) -> None:
     """Validate a recipe's layout and print what Muon will cost on each rank, before launching it."""
     from nemo_muon.recipes.execute import build_recipe
 
@@ -113,7 +134,7 @@ def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | N
             raise ValueError(f"--gpu must be one of {tuple(known_gpus())} (or add it with --gpu-peaks); got {gpu!r}")
         recipe = build_recipe(recipe_name, list(overrides))  # the one validation launch and --dryrun run
         result = plan_recipe(recipe, gpus, gpu=gpu.lower() if gpu else None, syrk=syrk, step_time_s=step_time,
-                             stage_layers=pipeline_layout)
+                             stage_layers=pipeline_layout, model_tflops=model_tflops)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     click.echo(json.dumps(result, sort_keys=False) if as_json else _human(result))

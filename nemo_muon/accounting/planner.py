@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_muon.accounting.gpu_peaks import gpu_peak, known_gpus, peak_precision_of, throughput
+from nemo_muon.accounting.hardware import hardware, known_hardware
 from nemo_muon.accounting.layout import Layout, validate_layout
 from nemo_muon.accounting.model_flops import model_flops_per_token
 from nemo_muon.accounting.model_ownership import CostModel, StagePlan, StageTensor, stage_plan
 from nemo_muon.accounting.ns_count import matrix_ns_flops
 from nemo_muon.accounting.ns_split import DEFAULT_BALANCE_TARGET
 from nemo_muon.accounting.ownership_plan import max_over_mean
+from nemo_muon.accounting.step_time import IMPLEMENTATIONS, MatrixWork, RankWork, StageComm, StepInputs, predict
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.matrices import is_moe_layer, layer_params, param_counts
 from nemo_muon.models.specs import ModelSpec
@@ -66,6 +68,8 @@ class _Rank:
     """Matrix optimizer name -> state elements (besides masters) of the matrices this rank owns."""
     adam_share: float = 0.0
     """Elements of AdamW-updated params this rank updates (element-sharded)."""
+    work: dict[tuple[tuple[tuple[int, ...], ...], float], int] = field(default_factory=dict)
+    """(NS parts, NS FLOPs) -> how many such matrices this rank orthogonalizes (the step-time model's input)."""
 
 
 def _state_elements(t: StageTensor) -> dict[str, int]:
@@ -85,7 +89,7 @@ def _state_elements_of(shape: tuple[int, ...], parts: tuple[tuple[int, ...], ...
     return out
 
 
-def _add(into: dict[str, int], more: dict[str, int]) -> None:
+def _add(into: dict[Any, int], more: dict[Any, int]) -> None:
     for k, v in more.items():
         into[k] = into.get(k, 0) + v
 
@@ -107,6 +111,8 @@ def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool, split_held_whol
     e_ns = [[0.0] * edp for _ in range(ep)]
     e_held = [0] * ep
     e_adam = [0] * ep
+    d_work: list[dict[Any, int]] = [{} for _ in range(dpcp)]
+    e_work: list[list[dict[Any, int]]] = [[{} for _ in range(edp)] for _ in range(ep)]
     for t in sp.tensors:
         if not t.hidden:
             if t.ep_rank is not None:
@@ -119,28 +125,35 @@ def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool, split_held_whol
                 for b in split.ranks:
                     d_numel[b] += t.item.numel if split_held_whole else t.item.numel // split.option.ways
                     d_ns[b] += split.option.cost
+                    _count(d_work[b], (t.parts, split.option.cost))
                 continue
             for b in [sp.plan.owners[t.item.name]] if layerwise else range(dpcp):
                 d_numel[b] += t.item.numel
                 _add(d_state[b], _state_elements(t))
                 d_ns[b] += t.item.cost
+                _count(d_work[b], (t.parts, t.item.cost))
             continue
         e_held[t.ep_rank] += t.item.numel
         for k in [sp.expert_replica[t.item.name]] if layerwise else range(edp):
             e_numel[t.ep_rank][k] += t.item.numel
             _add(e_state[t.ep_rank][k], _state_elements(t))
             e_ns[t.ep_rank][k] += t.item.cost
+            _count(e_work[t.ep_rank][k], (t.parts, t.item.cost))
     ranks = []
     for r in range(tp * dpcp):
         b, e, k = r // tp, (r // etp) % ep, r // (etp * ep)
         ns = sp.gpu_flops[r] if layerwise else d_ns[b] + e_ns[e][k]
         ranks.append(_Rank(ns=ns, numel=dense_numel + e_held[e], owned_hidden=d_numel[b] + e_numel[e][k],
                            owned_state=_merged(d_state[b], e_state[e][k]),
-                           adam_share=dense_adam / dpcp + e_adam[e] / edp))
+                           adam_share=dense_adam / dpcp + e_adam[e] / edp, work=_merged(d_work[b], e_work[e][k])))
     return ranks
 
 
-def _merged(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+def _count(into: dict[Any, int], key: Any) -> None:
+    into[key] = into.get(key, 0) + 1
+
+
+def _merged(a: dict[Any, int], b: dict[Any, int]) -> dict[Any, int]:
     out = dict(a)
     _add(out, b)
     return out
@@ -162,11 +175,12 @@ def _optimizer_bytes(rank: _Rank, dense_numel: int, expert_numel: int, layout: L
 
 def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: str | None = None,
                 syrk: bool = False, step_time_s: float | None = None,
-                stage_layers: Sequence[int] | str | None = None) -> dict[str, Any]:
+                stage_layers: Sequence[int] | str | None = None, model_tflops: float | None = None) -> dict[str, Any]:
     """The plan of ``recipe`` on ``world_size`` GPUs (default: the recipe's) as a JSON-ready dict.
 
     ``step_time_s`` (a measured step time) adds TFLOP/s/GPU and MFU, model-only and model + NS. ``stage_layers``
-    is an explicit pipeline layout (see ``validate_layout``). Raises ``LayoutError`` (ValueError) naming the
+    is an explicit pipeline layout (see ``validate_layout``). ``model_tflops`` (the AdamW baseline's achieved model
+    TFLOP/s/GPU) anchors the step-time model's compute (``step_time``; default: an assumed MFU). Raises ``LayoutError`` (ValueError) naming the
     constraint when the layout is invalid.
     """
     layout = validate_layout(recipe, world_size, stage_layers)
@@ -191,6 +205,8 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     opt_name = opt_spec.name
     recipe_opt_bytes = 0.0
     gather_max = gather_total = 0.0
+    step_ranks: list[list[RankWork]] = []
+    step_stages: list[StageComm] = []
     for p in range(layout.pp):
         sp = stage_plan(spec, layout, p, cost=cost, balance_target=target)
         layerwise = _stage_ranks(layout, sp, True, split_held_whole=recipe.backend == "megatron")
@@ -216,6 +232,8 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
                 recv = 0.0
             gather_max = max(gather_max, 2.0 * recv)
             gather_total += 2.0 * recv
+        step_ranks.append([_rank_work(lw) for lw in layerwise])
+        step_stages.append(StageComm(dense_elements=dense_numel, expert_elements=expert_numel))
         loads = [rk.ns if runs_ns else 0.0 for rk in stage]
         stage_imbalance.append(max_over_mean(loads))
         stage_max.append(max(loads))
@@ -269,7 +287,25 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     }
     if step_time_s is not None:
         out.update(_measured(out, step_time_s, gpu, recipe.precision.kind))
+    out["step_time"] = None
+    if gpu.lower() in known_hardware():
+        megatrons_own = recipe.backend == "megatron" and getattr(opt, "engine", None) == "megatron"
+        inputs = StepInputs(
+            layout=layout, model_flops_per_gpu=flops.total * tokens / layout.world_size, ranks=step_ranks,
+            stages=step_stages, ns_steps=steps,
+            # Megatron's own Muon multiplies in bf16 ("medium" fp32 matmul precision); ours in its ns_precision
+            ns_precision="bf16" if megatrons_own or not runs_ns else opt.ns_precision,
+            grad_bytes=4 if recipe.precision.kind == "fp32" else 2,
+            implementation=IMPLEMENTATIONS["megatron" if megatrons_own else "nemo_muon"])
+        out["step_time"] = predict(inputs, hardware(gpu), model_tflops=model_tflops)
     return out
+
+
+def _rank_work(rank: _Rank) -> RankWork:
+    """The step-time model's view of one GPU of the layer-wise plan."""
+    return RankWork(matrices=tuple(MatrixWork(parts, cost, n) for (parts, cost), n in rank.work.items()),
+                    matrix_elements=float(rank.owned_hidden), adam_elements=rank.adam_share,
+                    gather_bytes=2.0 * (rank.numel - rank.owned_hidden - rank.adam_share))
 
 
 def _split_summary(plans: list[StagePlan], loads: list[list[float]], target: float,

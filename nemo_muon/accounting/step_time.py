@@ -1,0 +1,274 @@
+"""Step-time model: what a step of Muon and of AdamW costs on given hardware, before launch (torch-free).
+
+Inputs are the plan's counts (``accounting.planner``: model FLOPs, the matrices each rank orthogonalizes, the
+elements it updates, the bytes it gathers) and public hardware constants (``accounting.hardware``). Nothing is fitted
+to a run; the one figure that is not a vendor constant is the model's achieved TFLOP/s/GPU, which the user gives
+(an AdamW baseline's measurement) or which defaults to ``DEFAULT_MODEL_MFU`` of the dense BF16 peak.
+
+Parts of one step, per path (docs/step_time.md has the rules and the published checks):
+
+- ``compute_s``: model FLOPs per GPU / achieved model FLOP/s. Megatron counts 2 FLOPs per weight per token forward
+  and 4 backward, so the backward is 2/3 of it and the forward 1/3: the windows a collective can hide in.
+- ``grad_reduction_s``: the data-parallel gradient reduction over the DP·CP group of the stage (and the expert-DP
+  group for routed experts): a ring reduce-scatter sends (g-1)/g of the buffer, an all-reduce twice that. Hidden in
+  the backward when ``overlap_grad_reduce`` (Megatron's buckets), up to the window.
+- ``param_gather_s``: the bf16 parameters a rank receives to refresh what it did not update. Megatron's distributed
+  optimizer (AdamW) and the reduce-scatter layout hide it in the next forward; Megatron's legacy layer-wise path
+  gathers after the step (Bridge keeps ``overlap_param_gather=False`` for it), exposed.
+- ``optimizer_s``: the busiest rank's update: element-wise passes bound by HBM bandwidth (AdamW: 30 B per element
+  it owns; Muon's momentum and update: 22 B per matrix element) plus Newton–Schulz, every operator priced as
+  max(FLOPs / peak, bytes / HBM, the kernel floor), one operator per matrix (``batched=False``: Megatron's and
+  Emerging-Optimizers' loop) or per same-shape stack (``batched=True``).
+- ``step_s`` = compute + the exposed parts + optimizer; ``throughput_ratio`` = AdamW's step time / the path's.
+
+A collective's bandwidth is NVLink when its ranks share one NVLink domain, the scale-out NIC otherwise
+(``Hardware.link_bytes_per_s``); ranks are numbered in Megatron's order (tp fastest, then cp, dp, pp).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_muon._validation import check_range, fail
+from nemo_muon.accounting.hardware import Hardware
+from nemo_muon.accounting.layout import Layout
+
+DEFAULT_MODEL_MFU = 0.40
+"""Achieved model FLOP/s as a fraction of the dense BF16 peak when the user gives no baseline (``--model-tflops``):
+an assumption, printed as such; pass the AdamW baseline's measured model TFLOP/s/GPU instead."""
+BACKWARD_SHARE = 2.0 / 3.0
+"""Megatron's FLOP count: 4 of every 6 FLOPs per weight per token are the backward."""
+ADAMW_BYTES_PER_ELEMENT = 30
+"""Adam's update: fp32 master, grad, two moments read (16 B), master and moments written (12 B), bf16 param (2 B)."""
+MUON_BYTES_PER_ELEMENT = 22
+"""Muon's element-wise work per matrix element: grad and momentum read, momentum written (12 B), master read and
+written (8 B), bf16 param written (2 B); Newton–Schulz itself is priced operator by operator."""
+NS_PRECISIONS = ("bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """How a Muon implementation issues Newton–Schulz: operators per matrix, counted with a torch dispatch mode on
+    the real optimizer step (tests/test_step_time.py re-counts them)."""
+
+    name: str
+    storage_bytes: int | None
+    """Bytes per element NS reads and writes (Emerging-Optimizers' NS takes fp32 and multiplies at the "medium"
+    precision, i.e. bf16 tensor cores); None: those of the NS precision (nemo-muon's)."""
+    ops_per_matrix: int
+    """Operators per matrix outside the NS steps (normalization, momentum, scale, update)."""
+    ops_per_ns_step: int
+    """Operators per NS step."""
+    batched: bool = False
+    """Same-shape matrices stacked into one operator (one launch per stack)."""
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {
+    # Emerging-Optimizers' Muon step (what Megatron-Core's own Muon runs per parameter): add_, lerp_, norm,
+    # clamp_min, div, two casts, two muls, add_ around 5 x (mm, addmm, addmm)
+    "megatron": Implementation("megatron", storage_bytes=4, ops_per_matrix=10, ops_per_ns_step=3),
+    # nemo-muon's Muon, Gram NS on a wide matrix: 5 operators per step, the global non-finite check amortized
+    "nemo_muon": Implementation("nemo_muon", storage_bytes=None, ops_per_matrix=14, ops_per_ns_step=5),
+}
+
+
+@dataclass(frozen=True)
+class MatrixWork:
+    """One matrix (or a stack of ``count`` identical ones) a rank orthogonalizes."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    """The parts NS runs on, as this TP rank holds them."""
+    flops: float
+    """NS FLOPs this rank executes for one of them (the plan's cost, TP-mode repeats included)."""
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """What one GPU updates in a step (from the plan)."""
+
+    matrices: tuple[MatrixWork, ...]
+    matrix_elements: float
+    """Elements of the matrices it updates with Muon."""
+    adam_elements: float
+    """Elements it updates with Adam (its share of the element-wise parameters)."""
+    gather_bytes: float
+    """bf16 bytes it receives per step to refresh the parameters others update (layer-wise ownership)."""
+
+
+@dataclass(frozen=True)
+class StageComm:
+    """One pipeline stage's gradient and parameter volumes."""
+
+    dense_elements: float
+    """Parameters of the stage outside the routed experts (reduced over DP·CP)."""
+    expert_elements: float
+    """Routed-expert parameters of one EP rank (reduced over expert-DP)."""
+
+
+@dataclass(frozen=True)
+class PathTime:
+    """The parts of one step on one path (module doc)."""
+
+    compute_s: float
+    grad_reduction_s: float
+    grad_reduction_exposed_s: float
+    param_gather_s: float
+    param_gather_exposed_s: float
+    optimizer_s: float
+    ns_busiest_rank_s: float
+    overlap: str
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.grad_reduction_exposed_s + self.optimizer_s + self.param_gather_exposed_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_s": self.step_s, "compute_s": self.compute_s, "grad_reduction_s": self.grad_reduction_s,
+                "grad_reduction_exposed_s": self.grad_reduction_exposed_s, "param_gather_s": self.param_gather_s,
+                "param_gather_exposed_s": self.param_gather_exposed_s, "optimizer_s": self.optimizer_s,
+                "ns_busiest_rank_s": self.ns_busiest_rank_s, "overlap": self.overlap}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepInputs:
+    """Everything the model reads besides the hardware (built by ``accounting.planner``)."""
+
+    layout: Layout
+    model_flops_per_gpu: float
+    ranks: Sequence[Sequence[RankWork]]
+    """Per pipeline stage, per GPU of the stage (Megatron's order)."""
+    stages: Sequence[StageComm]
+    ns_steps: int
+    ns_precision: str = "bf16"
+    grad_bytes: int = 2
+    """Bytes per gradient element in the reduction (Bridge's perf runs: bf16, ``grad_reduce_in_fp32=False``)."""
+    overlap_grad_reduce: bool = True
+    implementation: Implementation = field(default_factory=lambda: IMPLEMENTATIONS["megatron"])
+
+    def __post_init__(self) -> None:
+        check_range("model_flops_per_gpu", self.model_flops_per_gpu, low=0.0)
+        if len(self.ranks) != self.layout.pp or len(self.stages) != self.layout.pp:
+            raise fail("step inputs", (len(self.ranks), len(self.stages)), f"one entry per PP stage ({self.layout.pp})")
+        if self.ns_precision not in NS_PRECISIONS:
+            raise fail("ns_precision", self.ns_precision, f"one of {NS_PRECISIONS}")
+
+
+def _ring(nbytes: float, group: int, bandwidth: float, latency: float, *, all_reduce: bool = False) -> float:
+    """A ring reduce-scatter / all-gather (twice that for an all-reduce) of an ``nbytes`` buffer over ``group``."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    one = (group - 1) / group * nbytes / bandwidth + (group - 1) * latency
+    return 2.0 * one if all_reduce else one
+
+
+def _group_bandwidth(hw: Hardware, layout: Layout, stride: int, size: int) -> float:
+    """Slowest bandwidth over the stages' groups of ``size`` ranks ``stride`` apart (tp rank 0 of each)."""
+    per_stage = layout.tp * layout.cp * layout.dp
+    return min(hw.link_bytes_per_s([p * per_stage + stride * i for i in range(size)]) for p in range(layout.pp))
+
+
+def _peak_for_ns(hw: Hardware, precision: str) -> float:
+    # fp32 NS runs on TF32 tensor cores, half the BF16 rate on Hopper and Blackwell datasheets; a CPU has 'fp32'
+    if precision in hw.peak_flops:
+        return hw.peak(precision)
+    return hw.peak("bf16") / 2.0 if precision == "fp32" else hw.peak("bf16")
+
+
+def _op(hw: Hardware, flops: float, nbytes: float, peak: float) -> float:
+    return max(flops / peak, nbytes / hw.hbm_bytes_per_s, hw.kernel_floor_s)
+
+
+def ns_seconds(work: Sequence[MatrixWork], hw: Hardware, impl: Implementation, steps: int, precision: str) -> float:
+    """Time one rank spends in Newton–Schulz and Muon's per-matrix operators (module doc)."""
+    peak = _peak_for_ns(hw, precision)
+    e = impl.storage_bytes or (2 if precision == "bf16" else 4)
+    total = 0.0
+    for w in work:
+        stack = w.count if impl.batched else 1
+        launches = 1 if impl.batched else w.count
+        shapes = [tuple(sorted(s[-2:])) for s in w.shapes if len(s) >= 2]
+        gemm = sum(steps * (4 * m * m * n + 2 * m ** 3) for m, n in shapes)
+        scale = w.flops / gemm if gemm > 0 else 1.0  # TP-mode repeats of the plan's cost
+        t = 0.0
+        for m, n in shapes:
+            ops = ((2 * m * m * n, e * (m * n + m * m)), (2 * m ** 3, e * 3 * m * m),
+                   (2 * m * m * n, e * (m * m + 3 * m * n)))
+            t += steps * sum(_op(hw, stack * scale * f, stack * scale * b, peak) for f, b in ops)
+            # operators beyond the three GEMMs of a step (Gram NS: the m x m products and the diagonal shift)
+            t += steps * (impl.ops_per_ns_step - 3) * _op(hw, 2.0 * stack * m ** 3, stack * e * 3 * m * m, peak)
+        elements = sum(m * n for m, n in shapes)
+        t += impl.ops_per_matrix * _op(hw, 0.0, stack * 12 * elements, peak)
+        total += launches * t
+    return total
+
+
+def path_times(inputs: StepInputs, hw: Hardware, model_flops_per_s: float) -> dict[str, PathTime]:
+    """The three paths (AdamW's distributed optimizer, Muon's all-reduce layout, Muon's reduce-scatter layout)."""
+    check_range("model_flops_per_s", model_flops_per_s, low=0.0, low_inclusive=False)
+    lay = inputs.layout
+    compute = inputs.model_flops_per_gpu / model_flops_per_s
+    backward, forward = BACKWARD_SHARE * compute, (1.0 - BACKWARD_SHARE) * compute
+    dpcp = lay.dp * lay.cp
+    dp_bw = _group_bandwidth(hw, lay, lay.tp, dpcp)
+    edp_bw = _group_bandwidth(hw, lay, lay.etp * lay.ep, lay.edp)
+    lat = hw.collective_latency_s
+    g = inputs.grad_bytes
+
+    def reduce(stage: StageComm, all_reduce: bool) -> float:
+        return (_ring(g * stage.dense_elements, dpcp, dp_bw, lat, all_reduce=all_reduce)
+                + _ring(g * stage.expert_elements, lay.edp, edp_bw, lat, all_reduce=all_reduce))
+
+    def gather_sharded(stage: StageComm) -> float:
+        return (_ring(2 * stage.dense_elements, dpcp, dp_bw, lat)
+                + _ring(2 * stage.expert_elements, lay.edp, edp_bw, lat))
+
+    def hidden(t: float, window: float, overlapped: bool) -> float:
+        return max(0.0, t - window) if overlapped else t
+
+    rs = max(reduce(s, False) for s in inputs.stages)
+    ar = max(reduce(s, True) for s in inputs.stages)
+    ag = max(gather_sharded(s) for s in inputs.stages)
+    adam_opt = max(ADAMW_BYTES_PER_ELEMENT * (s.dense_elements / dpcp + s.expert_elements / lay.edp)
+                   for s in inputs.stages) / hw.hbm_bytes_per_s
+    ns = [ns_seconds(rk.matrices, hw, inputs.implementation, inputs.ns_steps, inputs.ns_precision)
+          for stage in inputs.ranks for rk in stage]
+    muon_opt = max(n + (MUON_BYTES_PER_ELEMENT * rk.matrix_elements + ADAMW_BYTES_PER_ELEMENT * rk.adam_elements)
+                   / hw.hbm_bytes_per_s for n, rk in zip(ns, (rk for st in inputs.ranks for rk in st), strict=True))
+    uneven = max(rk.gather_bytes for stage in inputs.ranks for rk in stage) / dp_bw
+    og = inputs.overlap_grad_reduce
+    grad_note = "grad reduction in the backward" if og else "grad reduction after the backward"
+    return {
+        "adamw": PathTime(compute, rs, hidden(rs, backward, og), ag, hidden(ag, forward, True), adam_opt, 0.0,
+                          f"distributed optimizer: {grad_note} (reduce-scatter), param all-gather in the forward"),
+        "muon_all_reduce": PathTime(compute, ar, hidden(ar, backward, og), uneven, uneven, muon_opt, max(ns),
+                                    f"layer-wise, Megatron's legacy path: {grad_note} (all-reduce), Newton–Schulz "
+                                    "on the busiest rank, then the uneven param gather, exposed"),
+        "muon_reduce_scatter": PathTime(compute, rs, hidden(rs, backward, og), uneven, hidden(uneven, forward, True),
+                                        muon_opt, max(ns),
+                                        f"layer-wise, reduce-scatter layout: {grad_note} (reduce-scatter to "
+                                        "owners), Newton–Schulz on the busiest rank, param gather in the forward"),
+    }
+
+
+def predict(inputs: StepInputs, hw: Hardware, *, model_tflops: float | None = None) -> dict[str, Any]:
+    """The step-time block of ``plan --json`` (docs/flops.md lists its keys)."""
+    if model_tflops is None:
+        rate, source = DEFAULT_MODEL_MFU * hw.peak("bf16"), f"assumed: {DEFAULT_MODEL_MFU:.0%} of dense bf16 peak"
+    else:
+        check_range("model_tflops", model_tflops, low=0.0, low_inclusive=False)
+        rate, source = model_tflops * 1e12, "given (the AdamW baseline's model TFLOP/s/GPU)"
+    paths = path_times(inputs, hw, rate)
+    adamw = paths["adamw"].step_s
+    return {
+        "hardware": hw.describe(),
+        "model_tflops_per_gpu": rate / 1e12,
+        "model_tflops_source": source,
+        "implementation": inputs.implementation.name,
+        "ns_precision": inputs.ns_precision,
+        "grad_bytes": inputs.grad_bytes,
+        "paths": {k: v.to_dict() for k, v in paths.items()},
+        "throughput_ratio": {k: adamw / v.step_s for k, v in paths.items() if k != "adamw"},
+    }
