@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nemo_muon.accounting.hardware import Hardware, hardware, known_hardware
 from nemo_muon.accounting.layout import validate_layout
+from nemo_muon.accounting.ns_choice import choose_algorithm
 from nemo_muon.accounting.planner import plan_recipe
 from nemo_muon.accounting.step_time import (
     IMPLEMENTATIONS,
@@ -19,9 +20,11 @@ from nemo_muon.accounting.step_time import (
     RankWork,
     StageComm,
     StepInputs,
+    ns_operators,
     ns_seconds,
     path_times,
 )
+from nemo_muon.registry.cost import ns_flop_terms
 
 PUBLISHED = {
     # NVIDIA's blog, Table 1 "NVIDIA GB300 MXFP8 (TFLOPs/s/GPU)", model FLOPs only: (AdamW, Muon); the runs used
@@ -64,9 +67,9 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _ops_per_matrix(make_optimizer, steps: int, matrices: int = 8) -> float:  # noqa: ANN001
+def _ops_per_matrix(make_optimizer, shape: tuple[int, int], steps: int, matrices: int = 8) -> float:  # noqa: ANN001
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(64, 256)) for _ in range(matrices)]
+    params = [torch.nn.Parameter(torch.randn(*shape)) for _ in range(matrices)]
     for p in params:
         p.grad = torch.randn_like(p)
     opt = make_optimizer(params, steps)
@@ -77,20 +80,32 @@ def _ops_per_matrix(make_optimizer, steps: int, matrices: int = 8) -> float:  # 
 
 
 @pytest.mark.parametrize("steps", [3, 5])
-def test_operator_counts_are_those_of_the_real_optimizer_steps(steps: int) -> None:
+@pytest.mark.parametrize("shape", [(128, 128), (64, 256)])  # square: standard NS; wide: nemo-muon picks Gram NS
+def test_operator_counts_are_those_of_the_real_optimizer_steps(shape: tuple[int, int], steps: int) -> None:
     """The model prices each operator a Muon step issues; the counts are the real steps' (Emerging-Optimizers' Muon,
     which Megatron-Core's own Muon runs per parameter, and nemo-muon's), counted in a torch dispatch mode."""
     from emerging_optimizers.orthogonalized_optimizers import Muon as EoMuon
 
     import nemo_muon
 
-    eo = _ops_per_matrix(lambda ps, k: EoMuon(ps, lr=0.01, num_ns_steps=k), steps)
+    m, n = sorted(shape)
+    eo = _ops_per_matrix(lambda ps, k: EoMuon(ps, lr=0.01, num_ns_steps=k), shape, steps)
     impl = IMPLEMENTATIONS["megatron"]
-    assert eo == impl.ops_per_matrix + impl.ops_per_ns_step * steps
+    assert eo == impl.ops_per_matrix + len(ns_operators(m, n, steps, "standard", 4))
     ours = _ops_per_matrix(lambda ps, k: nemo_muon.Muon([(f"w{i}", p) for i, p in enumerate(ps)], lr=0.01,
-                                                        ns_steps=k), steps)
+                                                        ns_steps=k), shape, steps)
     impl = IMPLEMENTATIONS["nemo_muon"]
-    assert abs(ours - (impl.ops_per_matrix + impl.ops_per_ns_step * steps)) < 1.0, ours
+    algorithm = choose_algorithm(m, n, "cpu", "float32")
+    assert algorithm == ("standard" if m == n else "gram")
+    # the global non-finite check and the stacking of its flags are shared by the 8 matrices: < 1 per matrix
+    assert 0.0 <= ours - (impl.ops_per_matrix + len(ns_operators(m, n, steps, algorithm, 4))) < 1.0, ours
+
+
+def test_gram_operators_add_up_to_the_counting_rule() -> None:
+    for m, n, steps in ((64, 256, 5), (512, 4096, 3)):
+        flops = sum(f for f, _ in ns_operators(m, n, steps, "gram", 2))
+        assert flops == sum(ns_flop_terms(m, n, steps, algorithm="gram"))
+        assert sum(f for f, _ in ns_operators(m, n, steps, "standard", 2)) == sum(ns_flop_terms(m, n, steps))
 
 
 def _hw(**kw: object) -> Hardware:

@@ -46,6 +46,8 @@ class Hardware:
     kernel_floor_s: float = KERNEL_FLOOR_S
     collective_latency_s: float = NCCL_STEP_LATENCY_S
     sources: tuple[str, ...] = ()
+    kind: str = "cuda"
+    """The device type ('cuda' or 'cpu'): which NS algorithm nemo-muon picks there (``ns_choice``)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -60,6 +62,8 @@ class Hardware:
             raise fail(f"hardware[{self.name}].nvlink_domain", self.nvlink_domain, "a positive number of GPUs")
         check_range(f"hardware[{self.name}].kernel_floor_s", self.kernel_floor_s, low=0.0)
         check_range(f"hardware[{self.name}].collective_latency_s", self.collective_latency_s, low=0.0)
+        if self.kind not in ("cuda", "cpu"):
+            raise fail(f"hardware[{self.name}].kind", self.kind, "'cuda' or 'cpu'")
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``."""

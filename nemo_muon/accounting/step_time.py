@@ -18,7 +18,8 @@ Parts of one step, per path (docs/step_time.md has the rules and the published c
 - ``optimizer_s``: the busiest rank's update: element-wise passes bound by HBM bandwidth (AdamW: 30 B per element
   it owns; Muon's momentum and update: 22 B per matrix element) plus Newton–Schulz, every operator priced as
   max(FLOPs / peak, bytes / HBM, the kernel floor), one operator per matrix (``batched=False``: Megatron's and
-  Emerging-Optimizers' loop) or per same-shape stack (``batched=True``).
+  Emerging-Optimizers' loop) or per same-shape stack (``batched=True``), in the NS algorithm the implementation
+  runs on that shape (``ns_operators``).
 - ``step_s`` = compute + the exposed parts + optimizer; ``throughput_ratio`` = AdamW's step time / the path's.
 
 A collective's bandwidth is NVLink when its ranks share one NVLink domain, the scale-out NIC otherwise
@@ -34,6 +35,7 @@ from typing import Any
 from nemo_muon._validation import check_range, fail
 from nemo_muon.accounting.hardware import Hardware
 from nemo_muon.accounting.layout import Layout
+from nemo_muon.accounting.ns_choice import choose_algorithm
 
 DEFAULT_MODEL_MFU = 0.40
 """Achieved model FLOP/s as a fraction of the dense BF16 peak when the user gives no baseline (``--model-tflops``):
@@ -50,28 +52,47 @@ NS_PRECISIONS = ("bf16", "fp32")
 
 @dataclass(frozen=True)
 class Implementation:
-    """How a Muon implementation issues Newton–Schulz: operators per matrix, counted with a torch dispatch mode on
-    the real optimizer step (tests/test_step_time.py re-counts them)."""
+    """How a Muon implementation issues Newton–Schulz, counted with a torch dispatch mode on the real optimizer step
+    (tests/test_step_time.py re-counts them)."""
 
     name: str
     storage_bytes: int | None
     """Bytes per element NS reads and writes (Emerging-Optimizers' NS takes fp32 and multiplies at the "medium"
     precision, i.e. bf16 tensor cores); None: those of the NS precision (nemo-muon's)."""
     ops_per_matrix: int
-    """Operators per matrix outside the NS steps (normalization, momentum, scale, update)."""
-    ops_per_ns_step: int
-    """Operators per NS step."""
+    """Operators per matrix besides the NS iteration's (normalization, momentum, scale, update)."""
+    picks_algorithm: bool
+    """Chooses Gram NS where ``accounting.ns_choice.choose_algorithm`` does (nemo-muon); otherwise always the
+    standard iteration: per step X·Xᵀ, b·A + c·A·A, a·X + B·X."""
     batched: bool = False
     """Same-shape matrices stacked into one operator (one launch per stack)."""
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
     # Emerging-Optimizers' Muon step (what Megatron-Core's own Muon runs per parameter): add_, lerp_, norm,
-    # clamp_min, div, two casts, two muls, add_ around 5 x (mm, addmm, addmm)
-    "megatron": Implementation("megatron", storage_bytes=4, ops_per_matrix=10, ops_per_ns_step=3),
-    # nemo-muon's Muon, Gram NS on a wide matrix: 5 operators per step, the global non-finite check amortized
-    "nemo_muon": Implementation("nemo_muon", storage_bytes=None, ops_per_matrix=14, ops_per_ns_step=5),
+    # clamp_min, div, two casts, two muls, add_ around the iteration
+    "megatron": Implementation("megatron", storage_bytes=4, ops_per_matrix=10, picks_algorithm=False),
+    # nemo-muon's Muon: the global non-finite check amortized over the matrices, then per matrix the same kind of
+    # element-wise work and the iteration its algorithm choice gives
+    "nemo_muon": Implementation("nemo_muon", storage_bytes=None, ops_per_matrix=15, picks_algorithm=True),
 }
+
+
+def ns_operators(m: int, n: int, steps: int, algorithm: str, element_bytes: int) -> list[tuple[float, float]]:
+    """(FLOPs, bytes) of each operator of one NS run on an m x n matrix (m <= n) with ``algorithm``.
+
+    standard: 3 per step (the FLOP count of ``registry.cost.ns_flop_terms``). gram: X·Xᵀ and Q·X once, per step the
+    polynomial and the diagonal shift, and the m x m products (Z·Q from the second step, Z·R·Z until the last):
+    2 + steps + (4·steps - 3) operators, 4m²n + 2m³(4·steps - 3) FLOPs as ``ns_flop_terms`` counts them."""
+    e = element_bytes
+    wide = (2.0 * m * m * n, e * (m * n + m * m))
+    square = (2.0 * m ** 3, e * 3.0 * m * m)
+    if algorithm == "standard":
+        return steps * [wide, square, (2.0 * m * m * n, e * (m * m + 3.0 * m * n))]
+    if algorithm != "gram":
+        raise fail("algorithm", algorithm, "'standard' or 'gram'")
+    return [wide, (2.0 * m * m * n, e * (m * m + 2.0 * m * n))] + steps * [(0.0, e * 2.0 * m)] \
+        + (4 * steps - 3) * [square]
 
 
 @dataclass(frozen=True)
@@ -185,20 +206,19 @@ def ns_seconds(work: Sequence[MatrixWork], hw: Hardware, impl: Implementation, s
     """Time one rank spends in Newton–Schulz and Muon's per-matrix operators (module doc)."""
     peak = _peak_for_ns(hw, precision)
     e = impl.storage_bytes or (2 if precision == "bf16" else 4)
+    dtype = "bfloat16" if precision == "bf16" else "float32"
     total = 0.0
     for w in work:
         stack = w.count if impl.batched else 1
         launches = 1 if impl.batched else w.count
         shapes = [tuple(sorted(s[-2:])) for s in w.shapes if len(s) >= 2]
-        gemm = sum(steps * (4 * m * m * n + 2 * m ** 3) for m, n in shapes)
-        scale = w.flops / gemm if gemm > 0 else 1.0  # TP-mode repeats of the plan's cost
+        standard = sum(steps * (4 * m * m * n + 2 * m ** 3) for m, n in shapes)
+        scale = w.flops / standard if standard > 0 else 1.0  # TP-mode repeats of the plan's (standard) cost
         t = 0.0
         for m, n in shapes:
-            ops = ((2 * m * m * n, e * (m * n + m * m)), (2 * m ** 3, e * 3 * m * m),
-                   (2 * m * m * n, e * (m * m + 3 * m * n)))
-            t += steps * sum(_op(hw, stack * scale * f, stack * scale * b, peak) for f, b in ops)
-            # operators beyond the three GEMMs of a step (Gram NS: the m x m products and the diagonal shift)
-            t += steps * (impl.ops_per_ns_step - 3) * _op(hw, 2.0 * stack * m ** 3, stack * e * 3 * m * m, peak)
+            algorithm = choose_algorithm(m, n, hw.kind, dtype) if impl.picks_algorithm else "standard"
+            t += sum(_op(hw, stack * scale * f, stack * scale * b, peak)
+                     for f, b in ns_operators(m, n, steps, algorithm, e))
         elements = sum(m * n for m, n in shapes)
         t += impl.ops_per_matrix * _op(hw, 0.0, stack * 12 * elements, peak)
         total += launches * t
