@@ -279,7 +279,7 @@ def predict(inputs: StepInputs, hw: Hardware, *, model_tflops: float | None = No
         rate, source = DEFAULT_MODEL_MFU * hw.peak("bf16"), f"assumed: {DEFAULT_MODEL_MFU:.0%} of dense bf16 peak"
     else:
         check_range("model_tflops", model_tflops, low=0.0, low_inclusive=False)
-        rate, source = model_tflops * 1e12, "given (the AdamW baseline's model TFLOP/s/GPU)"
+        rate, source = model_tflops * 1e12, "given with --model-tflops"
     paths = path_times(inputs, hw, rate)
     adamw = paths["adamw"].step_s
     return {

@@ -68,17 +68,34 @@ def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: i
     return Float16Module(config, model), config, spec
 
 
-def _ddp(model, config, opt, layer_wise: bool, grad_reduce_in_fp32: bool = False):
+LAYOUTS = ("megatron", "legacy", "cost")
+"""How the harness wraps a layer-wise model in DDP on Megatron-Core >= 0.18: Megatron's parameter layout
+(``wrap_model_chunks_with_ddp``: reduce-scatter + all-gather, ownership by numel), the legacy path (no layout:
+all-reduce, then the layer-wise optimizer's uneven all-gather) or ours (`nemo_muon.megatron.cost_layout`:
+reduce-scatter + all-gather, ownership by update cost). 0.16 / 0.17 have no layout: always the legacy path."""
+
+
+def _ddp(model, config, opt, layer_wise: bool, grad_reduce_in_fp32: bool = False, layout: str = "megatron"):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     from nemo_muon.megatron.build import ddp_config_kwargs
 
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
     ddp_config = DistributedDataParallelConfig(**{**ddp_config_kwargs(opt), "grad_reduce_in_fp32": grad_reduce_in_fp32})
     try:  # Megatron-Core >= 0.18 ships the wiring that computes the layer-wise param layout
         from megatron.training.training import wrap_model_chunks_with_ddp
     except ImportError:  # 0.16: the wheel has no megatron.training
         return DistributedDataParallel(config, ddp_config, model)
-    return wrap_model_chunks_with_ddp([model], config, ddp_config, use_layer_wise_distributed_optimizer=layer_wise)[0]
+    if layer_wise and layout == "cost":
+        from nemo_muon.megatron.cost_layout import wrap_with_cost_layout
+
+        (wrapped,), (plan,) = wrap_with_cost_layout([model], config, ddp_config, ours=opt,
+                                                    pg_collection=_pg_collection(), bucket_size=ddp_config.bucket_size)
+        wrapped.cost_layout_plan = plan  # the plan the layout encodes, for the tests
+        return wrapped
+    return wrap_model_chunks_with_ddp([model], config, ddp_config, use_layer_wise_distributed_optimizer=layer_wise,
+                                      use_layer_wise_param_layout=layout != "legacy")[0]
 
 
 def _pg_collection():
@@ -102,11 +119,12 @@ def _batch(step: int, dp_rank: int, vocab: int):
 
 def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon", grad_reduce_in_fp32: bool = False,
                   nonfinite: str = "raise", tp: int = 1, dense: bool = False, ep: int = 1,
-                  split_target: float | None = None, opt: Any = None, seq: int = SEQ):
+                  split_target: float | None = None, opt: Any = None, seq: int = SEQ, layout: str = "megatron"):
     """(model, its config, model spec, optimizer config, DDP-wrapped model with params broadcast) from the fixed
     seed: every replica and every run starts from the same weights. ``grad_reduce_in_fp32``: DDP's fp32 gradient
     buffer (the product's default is bf16 reductions). ``split_target``: Muon's ``ns_split_target``. ``opt``: an
-    optimizer config to use instead of the harness's (`optimizer_config`); ``seq``: the longest sequence."""
+    optimizer config to use instead of the harness's (`optimizer_config`); ``seq``: the longest sequence;
+    ``layout``: one of `LAYOUTS`."""
     import torch
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -116,7 +134,7 @@ def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon"
     opt = optimizer_config(optimizer_name, engine, nonfinite) if opt is None else opt
     if split_target is not None:
         opt = dataclasses.replace(opt, ns_split_target=split_target)
-    ddp_model = _ddp(model, config, opt, optimizer_name != "adamw", grad_reduce_in_fp32)
+    ddp_model = _ddp(model, config, opt, optimizer_name != "adamw", grad_reduce_in_fp32, layout)
     ddp_model.broadcast_params()
     return model, config, spec, opt, ddp_model
 

@@ -1,0 +1,129 @@
+"""The layer-wise optimizer's three DDP wirings on Megatron-Core >= 0.18 (`training.LAYOUTS`), measured on the tiny
+model: bytes each rank sends per step (a wrapper around torch.distributed's collectives, DDP's captured ones
+included), the fp32 masters after a few steps, DP replicas, and the update cost each rank owns against the plan."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from tests.megatron_cpu.training import (
+    GLOBAL_MICRO_BATCHES,
+    _forward_backward,
+    _masters,
+    _optimizer_classes,
+    megatron_parallel,
+    replica,
+)
+
+_COLLECTIVES = {  # name -> (position of the tensor this rank contributes, position of the group, kind)
+    "all_reduce": (0, 2, "all_reduce"), "broadcast": (0, 2, "broadcast"),
+    "all_gather": (1, 2, "all_gather"), "all_gather_into_tensor": (1, 2, "all_gather_into_tensor"),
+    "_all_gather_base": (1, 2, "all_gather_into_tensor"),
+    "reduce_scatter_tensor": (1, 3, "reduce_scatter_tensor"), "_reduce_scatter_base": (1, 3, "reduce_scatter_tensor"),
+}
+
+
+def _wire_bytes(kind: str, args: tuple, nbytes: int, n: int) -> float:
+    """Bytes one rank sends in a ring implementation of the collective (bandwidth-optimal algorithms)."""
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n * nbytes
+    if kind == "reduce_scatter_tensor":  # the input is the whole bucket
+        return (n - 1) / n * nbytes
+    if kind == "all_gather_into_tensor":  # the input is this rank's shard
+        return (n - 1) * nbytes
+    if kind == "all_gather":  # uneven pieces: all but one pass through each rank
+        return (n - 1) / n * sum(t.numel() * t.element_size() for t in args[0])
+    return float(nbytes)  # broadcast: a pipelined ring forwards the payload once
+
+
+@contextlib.contextmanager
+def counting_collectives() -> Iterator[dict[str, list[float]]]:
+    """Per collective kind over groups of more than one rank: [calls, bytes sent by this rank]."""
+    import torch.distributed as dist
+    from megatron.core.distributed import param_and_grad_buffer as buffers
+
+    stats: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+
+    def counted(name: str, original: Any) -> Any:
+        tensor_at, group_at, kind = _COLLECTIVES[name]
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            group = args[group_at] if len(args) > group_at else kwargs.get("group")
+            n = dist.get_world_size(group)
+            if n > 1:
+                tensor = args[tensor_at] if len(args) > tensor_at else next(
+                    v for k, v in kwargs.items() if k in ("tensor", "input_tensor", "input"))
+                stats[kind][0] += 1
+                stats[kind][1] += _wire_bytes(kind, args, tensor.numel() * tensor.element_size(), n)
+            return original(*args, **kwargs)
+        return wrapper
+
+    patched = [(dist, name, getattr(dist, name)) for name in _COLLECTIVES if hasattr(dist, name)]
+    patched += [(buffers, "dist_all_gather_func", buffers.dist_all_gather_func),  # captured by DDP at import
+                (buffers, "dist_reduce_scatter_func", buffers.dist_reduce_scatter_func)]
+    names = {"dist_all_gather_func": "all_gather_into_tensor", "dist_reduce_scatter_func": "reduce_scatter_tensor"}
+    for module, attr, original in patched:
+        setattr(module, attr, counted(names.get(attr, attr), original))
+    try:
+        yield stats
+    finally:
+        for module, attr, original in patched:
+            setattr(module, attr, original)
+
+
+def _layer_wise(optimizer: Any) -> Any:
+    for sub in [optimizer, *getattr(optimizer, "chained_optimizers", [])]:
+        if type(sub).__name__ == "LayerWiseDistributedOptimizer":
+            return sub
+        inner = _layer_wise(sub) if sub is not optimizer and hasattr(sub, "chained_optimizers") else None
+        if inner is not None:
+            return inner
+    return None
+
+
+def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, layout: str, steps: int,
+                      optimizer_name: str = "muon", grad_reduce_in_fp32: bool = False) -> dict[str, Any]:
+    """``steps`` steps of the tiny model with our matrix optimizer under DDP wiring ``layout`` (bf16 gradient
+    reduction, the product's default, unless ``grad_reduce_in_fp32``); returns the bytes this rank sent in the last step, the
+    fp32 masters it owns, the replicas' largest difference, the update cost each rank owns as Megatron derived it
+    from the layout, and (layout 'cost') the plan's loads and padding."""
+    import torch
+    import torch.distributed as dist
+
+    from nemo_muon.megatron.cost_layout import owned_costs, update_costs
+
+    with megatron_parallel() as parallel_state:
+        run = replica(spec_name, optimizer_name, layout=layout, grad_reduce_in_fp32=grad_reduce_in_fp32)
+        ddp_model, optimizer = run.ddp_model, run.optimizer
+        dp_rank = parallel_state.get_data_parallel_rank()
+        micro = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
+        micro = max(micro, 1)
+        sent: list[dict[str, list[float]]] = []
+        losses = []
+        for step in range(steps):
+            with counting_collectives() as stats:
+                loss = _forward_backward(ddp_model, optimizer, step, dp_rank, run.spec.vocab_size, micro)
+                ok, _, _ = optimizer.step()
+            if not ok:
+                raise RuntimeError(f"step {step} was skipped")
+            sent.append({k: list(v) for k, v in stats.items()})
+            loss = loss.reshape(1).float()
+            dist.all_reduce(loss, group=group)
+            losses.append(float(loss) / world_size)
+        flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
+        replicas = [torch.zeros_like(flat) for _ in range(world_size)]
+        dist.all_gather(replicas, flat, group=group)
+        costs = update_costs([ddp_model.module], run.opt, run.pgs)
+        plan = getattr(ddp_model, "cost_layout_plan", None)
+        layer_wise = _layer_wise(optimizer)
+        return {"losses": losses, "sent_last_step": sum(v[1] for v in sent[-1].values()),
+                "sent_by_kind": sent[-1], "masters": _masters(optimizer, run.names),
+                "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas),
+                "weights": flat.numpy().copy(), "optimizers": _optimizer_classes(optimizer),
+                "use_distributed_optimizer": bool(ddp_model.ddp_config.use_distributed_optimizer),
+                "owned_costs": owned_costs(layer_wise, costs) if layer_wise is not None else None,
+                "plan_loads": None if plan is None else plan.loads["dense"],
+                "padding": None if plan is None else plan.padding}
