@@ -15,6 +15,7 @@ from nemo_muon.megatron.cost_layout import layout_api_problems
 from tests.distributed import run_distributed
 from tests.megatron_cpu.layout_training import train_with_layout
 from tests.megatron_cpu.test_megatron_training import MASTER_TOLERANCE
+from tests.megatron_cpu.test_megatron_training import _all_masters as _masters
 
 MCORE = importlib.metadata.version("megatron-core")
 BYTES_RATIO = 0.70
@@ -22,15 +23,6 @@ BYTES_RATIO = 0.70
 reduce-scattered ((n-1)/n of the buffer) and parameters all-gathered, where the legacy path all-reduces the
 gradients (2 (n-1)/n) and all-gathers the parameters; with bf16 gradients 2/3, measured 0.6676 (DP=2) and 0.6715
 (DP=4, with 1.3% padding) on 0.19.2."""
-
-
-def _masters(results: list[dict]) -> dict[str, np.ndarray]:
-    merged: dict[str, np.ndarray] = {}
-    for result in results:
-        for name, master in result["masters"].items():
-            assert name not in merged, f"{name} is owned by two data-parallel ranks"
-            merged[name] = master
-    return merged
 
 
 def test_an_older_megatron_core_is_refused_naming_what_it_lacks():
