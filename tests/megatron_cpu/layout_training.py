@@ -85,18 +85,22 @@ def _layer_wise(optimizer: Any) -> Any:
 
 
 def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, layout: str, steps: int,
-                      optimizer_name: str = "muon", grad_reduce_in_fp32: bool = False) -> dict[str, Any]:
+                      optimizer_name: str = "muon", grad_reduce_in_fp32: bool = False,
+                      grad_clip: float = 1.0) -> dict[str, Any]:
     """``steps`` steps of the tiny model with our matrix optimizer under DDP wiring ``layout`` (bf16 gradient
     reduction, the product's default, unless ``grad_reduce_in_fp32``); returns the bytes this rank sent in the last step, the
     fp32 masters it owns, the replicas' largest difference, the update cost each rank owns as Megatron derived it
-    from the layout, and (layout 'cost') the plan's loads and padding."""
+    from the layout, and (layout 'cost') the plan's loads and padding. ``grad_clip`` 0 turns clipping off: the
+    wirings sum the clipping norm in different fp32 orders (the legacy layer-wise optimizer over whole owned
+    parameters, the chained one over its distributed optimizer's element slices), one ulp apart."""
     import torch
     import torch.distributed as dist
 
     from nemo_muon.megatron.cost_layout import owned_costs, update_costs
 
     with megatron_parallel() as parallel_state:
-        run = replica(spec_name, optimizer_name, layout=layout, grad_reduce_in_fp32=grad_reduce_in_fp32)
+        run = replica(spec_name, optimizer_name, layout=layout, grad_reduce_in_fp32=grad_reduce_in_fp32,
+                      build_kwargs={"grad_clip": grad_clip})
         ddp_model, optimizer = run.ddp_model, run.optimizer
         dp_rank = parallel_state.get_data_parallel_rank()
         micro = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
