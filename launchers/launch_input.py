@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from nemo_muon.config.limits import ENV_NAME
+from nemo_muon.secret_policy import env_value_refusal, is_secret
 
 _MOUNT_PART = re.compile(r"^/[^,:\s]*$")
 _MOUNT_FLAGS = ("ro", "rw")
@@ -29,13 +30,17 @@ def parse_mount(text: str) -> str:
 
 
 def parse_env(items: list[str], environ: dict[str, str]) -> dict[str, str]:
-    """``NAME=value`` pairs, and bare ``NAME`` forwarded from ``environ`` (must be set there)."""
+    """``NAME=value`` pairs, and bare ``NAME`` forwarded from ``environ`` (must be set there). A ``NAME=value`` whose
+    name or value is a secret is refused (`secret_policy.env_value_refusal`): pass such a variable by name."""
     out: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not ENV_NAME.match(name):
+            shown = f"{name}=****" if sep and is_secret(name, value) else item
             raise LaunchError(f"--env must be NAME=value or NAME with NAME matching [A-Za-z_][A-Za-z0-9_]*; "
-                              f"got {item!r}")
+                              f"got {shown!r}")
+        if sep and is_secret(name, value):
+            raise LaunchError(env_value_refusal(name, "--env "))
         if not sep:
             if name not in environ:
                 raise LaunchError(f"--env {name} forwards a variable from your environment, but {name} is not set")

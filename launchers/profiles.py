@@ -20,7 +20,8 @@ Command-line options override a profile's values. The file is read with `nemo_mu
 partition as Slurm writes them unquoted (``[A-Za-z0-9_.:@+-/]``, so ``$(...)`` is refused), time as a Slurm time
 limit, image as an image reference or path, gpus_per_node as an integer 1..`MAX_GPUS_PER_NODE` (at most the
 system's GPUs per node when ``system`` is set), mounts as ``SRC:DST[:ro|rw]``, env names as shell identifiers with
-string or finite-number values. A malformed file raises ValueError naming the file, the field, the value (cut to
+string or finite-number values, none of them a secret (a credential's name or value is refused: pass it by name with
+``--env NAME`` from the launching shell, or mount a secrets file; `secret_policy.env_value_refusal`). A malformed file raises ValueError naming the file, the field, the value (cut to
 120 characters, credentials and secret env values masked) and what is allowed. Torch-free.
 """
 
@@ -38,7 +39,7 @@ from nemo_muon.launchers.launch_input import parse_mount
 from nemo_muon.launchers.slurm import SAFE_VALUE, TIME_LIMIT
 
 from nemo_muon.config.limits import ENV_NAME, GPUS_PER_NODE
-from nemo_muon.secret_policy import MASK, is_secret_name, is_secret_value, shown_redacted
+from nemo_muon.secret_policy import MASK, env_value_refusal, is_secret, is_secret_name, is_secret_value, shown_redacted
 
 EXECUTORS: tuple[str, ...] = ("local", "slurm", "docker")
 PROFILE_KEYS: tuple[str, ...] = ("executor", "system", "account", "partition", "time", "gpus_per_node", "image",
@@ -121,6 +122,8 @@ class ClusterProfile:
             if not isinstance(value, str) or "\0" in value:
                 raise self._fail(f"env.{key}", "a string or a finite number (no NUL characters)", value,
                                  masked=is_secret_name(key))
+            if is_secret(key, value):  # a file on disk, often shared: never a place for a credential
+                raise ValueError(f"{self.source}: {env_value_refusal(key, f'{self.name}.env.')}")
 
 
 def profiles_path(explicit: str | Path | None = None) -> Path:

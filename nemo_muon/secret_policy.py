@@ -135,6 +135,23 @@ def override_refusal(key: str, name: str | None = None) -> str:
             f"written into job files); {fix}")
 
 
+def env_value_refusal(name: str, where: str) -> str:
+    """The message for a secret given as a value where values are written down: ``--env NAME=value`` (the shell's
+    history, the process list) or a cluster profile's ``env`` (a file on disk, often shared); ``where`` names the
+    place as the prefix of the name, e.g. ``"--env "`` or ``"clusters.yaml: eos.env."``."""
+    return (f"{where}{name}=**** is refused: a secret value must not be written on the command line or in a "
+            f"profile; export {name} in the shell you launch from and pass it by name (`nemo-muon launch --env "
+            f"{name}`: forwarded through the job's environment, never written into a file or command we generate), "
+            f"or keep it in a secrets file your executor mounts (e.g. --mount /path/to/secrets:/secrets:ro) and read "
+            f"it from there in the job")
+
+
+def check_env_value(name: str, value: str, where: str) -> None:
+    """Raise ValueError (`env_value_refusal`) when the variable ``name=value`` names or carries a secret."""
+    if is_secret(name, value):
+        raise ValueError(env_value_refusal(name, where))
+
+
 def check_override(key: str, value: Any) -> None:
     """Raise ValueError (`override_refusal`) if the override ``key=value`` names or carries a secret."""
     head, _, name = key.partition(".")

@@ -75,11 +75,10 @@ def test_hostile_env_and_override_values_arrive_verbatim_and_execute_nothing(tmp
 
 
 def test_secret_values_are_masked_in_text_json_and_docker_lines(tmp_path: Path) -> None:
-    env = {"HF_TOKEN": SECRET, "WANDB_API_KEY": SECRET + "w"}
-    for executor in ("slurm", "docker", "local"):
+    env = {"HF_TOKEN": SECRET, "WANDB_API_KEY": SECRET + "w", "DB_PASSWORD": SECRET + "p"}
+    for executor in ("slurm", "docker", "local"):  # secrets travel by name (a value on --env is refused)
         args = ["launch", "--recipe", "qwen3_30b_a3b_muon", "--executor", executor, "--image", "img", "--dry-run",
-                "--env", "HF_TOKEN", "--env", f"WANDB_API_KEY={SECRET}w", "--env", f"DB_PASSWORD={SECRET}p",
-                f"logging.root={tmp_path}"]
+                "--env", "HF_TOKEN", "--env", "WANDB_API_KEY", "--env", "DB_PASSWORD", f"logging.root={tmp_path}"]
         if executor == "local":
             args += ["--gpus-per-node", "4", "--nodes", "1", "parallelism.ep=4", "trainer.global_batch_size=64"]
         for extra in ([], ["--json"]):

@@ -113,14 +113,24 @@ def test_ordinary_env_override_still_applies() -> None:
     assert recipe.env["NCCL_DEBUG"] == "INFO" and recipe.env["HF_HOME"] == "/data/hf"
 
 
-def test_a_url_with_a_password_passed_with_env_is_forwarded_by_name(tmp_path: Path) -> None:
+def test_a_secret_passed_by_name_with_env_is_forwarded_and_a_value_is_refused(tmp_path: Path) -> None:
+    """``--env NAME`` forwards a secret from the launching shell by name; ``--env NAME=value`` with a secret name or
+    value is refused (the value would sit in the shell's history and the process list), saying how to pass it."""
     result = CliRunner().invoke(main, ["launch", "--recipe", "kimi_k2_muon", "--executor", "slurm", "--no-container",
-                                       "--dry-run", "--json", "--env", f"DB_URL={DB_URL}", "--env", "GITHUB_PAT",
-                                       f"logging.root={tmp_path}"], env={"GITHUB_PAT": SECRET})
+                                       "--dry-run", "--json", "--env", "DB_URL", "--env", "GITHUB_PAT",
+                                       f"logging.root={tmp_path}"], env={"GITHUB_PAT": SECRET, "DB_URL": DB_URL})
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert plan["secrets"] == {"DB_URL": MASK, "GITHUB_PAT": MASK} and SECRET not in result.output
     assert "export DB_URL" not in plan["script"] and "DB_URL" not in plan["env"]
+    for item, name in ((f"DB_URL={DB_URL}", "DB_URL"), (f"GITHUB_PAT={SECRET}", "GITHUB_PAT"),
+                       ("MY_MIRROR=hf_" + "a" * 34, "MY_MIRROR")):  # a token-shaped value under a plain name
+        refused = CliRunner().invoke(main, ["launch", "--recipe", "kimi_k2_muon", "--executor", "slurm",
+                                            "--no-container", "--dry-run", "--env", item, f"logging.root={tmp_path}"])
+        assert refused.exit_code == 2, refused.output
+        message = " ".join(refused.output.split())
+        assert f"--env {name}=**** is refused" in message and f"export {name}" in message
+        assert SECRET not in refused.output and "a" * 34 not in refused.output
 
 
 def test_launch_record_and_recipe_print_mask_secrets() -> None:
