@@ -245,12 +245,14 @@ def _perf_model_fields(recipe: TrainingRecipe, knobs: Any) -> dict[str, dict[str
     return out
 
 
-def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) -> dict[str, dict[str, Any]]:
+def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None,
+                           cost_layout: bool = False) -> dict[str, dict[str, Any]]:
     """ConfigContainer section -> {field: value} set on top of the Bridge base recipe (optimizer excluded).
 
     ``bridge_knobs`` is the `bridge_presets.BridgePerfLayout` row of the recipe's (model, gpu), if any: then every
     field Bridge's perf scripts set is included (`BRIDGE_PERF_*`), and ours win only where listed in
-    `DELIBERATE_DIFFERENCES`.
+    `DELIBERATE_DIFFERENCES`. ``cost_layout``: DDP on the reduce-scatter layout owned by update cost
+    (`nemo_muon.megatron.bridge_layout`; engine 'nemo_muon' on Bridge 0.5 / 0.6).
     """
     _check_supported(recipe)
     par, tr, sch, opt = recipe.parallelism, recipe.trainer, recipe.scheduler, recipe.optimizer
@@ -290,8 +292,9 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None) 
         "eval_interval": tr.eval_interval or None,
         "eval_iters": tr.eval_iters,
     })
-    ddp = ddp_flags(opt)
-    # Bridge: AdamW overlaps the distributed optimizer's param gather; the layer-wise optimizer cannot
+    ddp = ddp_flags(opt, cost_layout=cost_layout)
+    # the param all-gather of a layout (AdamW's, or the cost layout) overlaps the next forward; the legacy
+    # layer-wise path gathers after the step
     merge("ddp", {**ddp, "overlap_param_gather": ddp["use_distributed_optimizer"]})
     merge("rerun_state_machine", {"check_for_nan_in_loss": ddp["check_for_nan_in_grad"]})
     merge("dataset", {"sequence_length": tr.seq_length})
@@ -354,7 +357,7 @@ def config_container(recipe: TrainingRecipe) -> Any:
         _check_supported(recipe)
         container, knobs = perf_recipe_container(recipe), None
     container.optimizer = bridge_optimizer_config(recipe.optimizer, bridge_optimizer_spec(recipe))
-    overrides = bridge_field_overrides(recipe, bridge_knobs=knobs)
+    overrides = bridge_field_overrides(recipe, bridge_knobs=knobs, cost_layout=_routes_cost_layout(recipe))
     if container.comm_overlap is None and "comm_overlap" in overrides:  # Qwen's library recipe leaves it None
         from megatron.bridge.training.comm_overlap import CommOverlapConfig
 
@@ -365,6 +368,13 @@ def config_container(recipe: TrainingRecipe) -> Any:
         # DDP's gradient check (ddp.check_for_nan_in_grad) still stops a diverged run at the step it diverges
         container.rerun_state_machine.check_for_nan_in_loss = False
     return container
+
+
+def _routes_cost_layout(recipe: TrainingRecipe) -> bool:
+    """Whether Bridge's DDP is built on the cost layout for ``recipe`` (`nemo_muon.megatron.bridge_layout.routes`)."""
+    from nemo_muon.megatron.bridge_layout import routes
+
+    return routes(recipe.optimizer)
 
 
 def installed_bridge_integration() -> str:
@@ -411,6 +421,10 @@ def pretrain(recipe: TrainingRecipe) -> None:
         from nemo_muon.megatron import bridge_hook
 
         bridge_hook.install(recipe.optimizer)  # Bridge 0.3's setup_optimizer then builds ours (no provide() there)
+    if _routes_cost_layout(recipe):  # Bridge 0.5 / 0.6: DDP on the reduce-scatter layout owned by update cost
+        from nemo_muon.megatron import bridge_layout
+
+        bridge_layout.install(container.model, recipe.optimizer)
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain as bridge_pretrain
 

@@ -37,10 +37,23 @@ class EngineOptimizerConfig(BridgeOptimizerConfig):
             raise ValueError(f"EngineOptimizerConfig.engine_config must be a registered matrix optimizer's config "
                              f"(nemo_muon.registry: Muon, SOAP, NorMuon, ...); got "
                              f"{type(self.engine_config).__name__}")
+        chunks = model_chunks if isinstance(model_chunks, list) else [model_chunks]
+        _check_ddp_layout(chunks)
         if pg_collection is None:  # Bridge passes none unless dist.use_decentralized_pg; Megatron's groups are set up
             pg_collection = mpu_process_groups()
-        chunks = model_chunks if isinstance(model_chunks, list) else [model_chunks]
         return build_engine(self.engine_config, self, chunks, pg_collection, config_overrides=config_overrides)
+
+
+def _check_ddp_layout(chunks: list[Any]) -> None:
+    """Refuse DDP built with ``use_distributed_optimizer`` on untagged parameters (Megatron's numel layout for all of
+    them, which the layer-wise optimizer cannot own): Bridge's own wrap without `nemo_muon.megatron.bridge_layout`."""
+    ddp_config = getattr(chunks[0], "ddp_config", None) if chunks else None
+    if ddp_config is None or not ddp_config.use_distributed_optimizer:
+        return
+    if not any(hasattr(p, "is_managed_by_layer_wise_optimizer") for c in chunks for p in c.parameters()):
+        raise ValueError("Bridge built DDP with ddp.use_distributed_optimizer=True on parameters no layer-wise layout "
+                         "tagged: train through nemo_muon.megatron.bridge.pretrain (it installs the cost layout, "
+                         "nemo_muon.megatron.bridge_layout), or set ddp.use_distributed_optimizer=False")
 
 
 def engine_optimizer_config(ours: OptimizerConfig, megatron_kwargs: dict[str, Any]) -> EngineOptimizerConfig:

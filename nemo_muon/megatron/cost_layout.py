@@ -20,9 +20,8 @@ registry entry's ``matrix.update_cost`` with fused parts, the cost `nemo_muon.me
   `DistributedOptimizer` layout.
 
 `wrap_with_cost_layout` is the megatron.training-style wiring (tag the parameters, compute the layout, build DDP).
-Bridge 0.5 / 0.6 wrap DDP themselves (``megatron.training.models.dist_utils._ddp_wrap``, Megatron's distributed-
-optimizer layout, no tagging) and are not routed through it yet: there Muon still runs Megatron's legacy layer-wise
-path (docs/recipes.md). Process groups are passed explicitly. `check_layout_api` refuses an older Megatron-Core,
+Bridge 0.5 / 0.6 wrap DDP themselves (``megatron.training.models.dist_utils._ddp_wrap``); `nemo_muon.megatron.
+bridge_layout` routes their wrap to `tag_with_costs` and `plan_cost_layout`. Process groups are passed explicitly. `check_layout_api` refuses an older Megatron-Core,
 naming what it lacks.
 """
 

@@ -229,18 +229,20 @@ def _bridge_layer_wise_name(name: str) -> str:
     return f"dist_{name}" if name == "muon" else name
 
 
-def ddp_flags(opt: OptimizerConfig) -> dict[str, bool]:
+def ddp_flags(opt: OptimizerConfig, *, cost_layout: bool = False) -> dict[str, bool]:
     """The `DistributedDataParallelConfig` fields the optimizer decides, on every megatron path.
 
     AdamW shards its state (ZeRO-1, Megatron's distributed optimizer); Muon/SOAP own whole matrices (the layer-wise
-    optimizer, which Megatron-Core refuses beside ``use_distributed_optimizer``). DDP's NaN check (each rank's local
+    optimizer: on the legacy path without ``use_distributed_optimizer``; with ``cost_layout``, where DDP is built on
+    the parameter layout owned by update cost (`nemo_muon.megatron.cost_layout`, `nemo_muon.megatron.bridge_layout`),
+    with it: gradients reduce-scattered to their owners, parameters all-gathered). DDP's NaN check (each rank's local
     gradients, before the reduction; fatal, on that rank alone) is on for ``nonfinite='raise'``, the only policy
     Megatron's own optimizers accept (`megatron_optimizer_spec`), and off for engine 'nemo_muon' with
     ``nonfinite='skip'``: there the global gradient norm decides on every rank (`nemo_muon.megatron.nonfinite`),
     which the local check would pre-empt by raising on the one rank that saw the NaN.
     """
     skip = getattr(opt, "nonfinite", "raise") == "skip" and getattr(opt, "engine", None) == BUILDER_NEMO_MUON
-    return {"use_distributed_optimizer": spec_for(opt).matrix is None, "check_for_nan_in_grad": not skip}
+    return {"use_distributed_optimizer": spec_for(opt).matrix is None or cost_layout, "check_for_nan_in_grad": not skip}
 
 
 def soap_accepts_precondition_frequency() -> bool:

@@ -3,7 +3,8 @@
 Megatron-Core (0.16.x and 0.19.2) allocates on ``torch.cuda.current_device()``, waits on CUDA streams and
 whitelists ``torch.cuda.*`` tensor types (four shims, every version); its checkpoints synchronize the device and,
 without Apex/TE, mishandle torch Adam's 'step' on load (two shims, checkpoints only); 0.16 also has two import-time
-gaps when Transformer Engine is absent (two more, 0.16 only). Each shim answers exactly one of those as a CPU (or
+gaps when Transformer Engine is absent (two more, 0.16 only); from 0.18 the DDP wrap Megatron-Bridge's model setup
+calls builds DDP in a CUDA side stream (one more, that wrap only). Each shim answers exactly one of those as a CPU (or
 TE's FusedAdam) would, and records the Megatron call sites that hit it. `tests/megatron_cpu/test_shims.py` runs
 without each shim (it must fail as documented: the shim is still needed) and with all of them (they are still
 enough, and each is hit at its documented call site), so a Megatron-Core version bump that changes either is
@@ -14,6 +15,7 @@ RNG tracker out.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -86,16 +88,24 @@ SHIMS: dict[str, Shim] = {s.name: s for s in (
          "(0.16 only)", ("megatron/core/optimizer/layer_wise_optimizer.py",),
          "0.16's LayerWiseDistributedOptimizer.allgather_params gathers each rank's flattened matrices, of unequal "
          "sizes, in one all_gather; NCCL accepts unequal sizes, gloo does not", r"invalid tensor size"),
+    Shim("cuda_side_stream", "torch.cuda.Stream() -> a no-op stream, torch.cuda.stream(s) -> a null context "
+         "(Megatron's DDP wrap only)", ("megatron/training/models/dist_utils.py",),
+         "megatron.training's _ddp_wrap (Bridge 0.5 / 0.6's model setup) builds DDP inside a new CUDA side stream",
+         r"(?i)nvidia driver|cuda|not compiled"),
 )}
 CHECKPOINT_ONLY: frozenset[str] = frozenset({"cuda_synchronize", "adam_step_for_load"})
 """Shims only a checkpoint save (cuda_synchronize) or load (adam_step_for_load) reaches."""
 LAYER_WISE_ONLY: frozenset[str] = frozenset({"gloo_uneven_all_gather"})
 """Shims only the layer-wise (Muon) optimizer reaches."""
+DDP_WRAP_ONLY: frozenset[str] = frozenset({"cuda_side_stream"})
+"""Shims only Megatron-Core's ``megatron.training.models.dist_utils._ddp_wrap`` (Bridge's model setup) reaches; the
+harness's own training step wraps DDP directly and never does (`test_shims.py` drives ``_ddp_wrap`` for these)."""
 NEEDED_ON: dict[str, tuple[str, ...]] = {
     "current_stream": ("0.19",),  # 0.16's bucket group does not wait on the current stream
     "mla_have_te_flag": ("0.16",),
     "moe_te_general_gemm_name": ("0.16",),
     "gloo_uneven_all_gather": ("0.16",),  # 0.19's layer-wise optimizer gathers equal, padded shards
+    "cuda_side_stream": ("0.18", "0.19"),  # 0.16's wheel has no megatron.training (no _ddp_wrap)
 }
 """Shims only some Megatron-Core minor versions need; the others are needed on every supported version."""
 
@@ -236,6 +246,15 @@ def install(without: Iterable[str] = ()) -> list[Shim]:
             return stream
 
         torch.cuda.current_stream = current_stream
+    if "cuda_side_stream" not in skip:
+        side = _NoOpStream()
+
+        def new_stream(*args: object, **kwargs: object) -> _NoOpStream:
+            SHIMS["cuda_side_stream"].record()
+            return side
+
+        torch.cuda.Stream = new_stream
+        torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
     if "mla_have_te_flag" not in skip:
         import megatron.core.transformer.multi_latent_attention as mla
 

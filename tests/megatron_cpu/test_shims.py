@@ -1,7 +1,8 @@
 """Each harness shim is still needed (a run without it fails as documented) and the set is still enough (a run
 with all of them works and hits each documented call site), on the Megatron-Core this interpreter has. A
 Megatron-Core bump that removes a need or adds one fails here. Checkpoint-only shims are checked on a Megatron
-`dist_checkpointing` save + resume, layer-wise-only ones on a Muon step."""
+`dist_checkpointing` save + resume, layer-wise-only ones on a Muon step, DDP-wrap-only ones on Megatron's
+``_ddp_wrap`` (Bridge's model setup)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,18 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ckpt
 
 
+def _ddp_wrap(without: tuple[str, ...] = ()) -> dict:
+    from tests.megatron_cpu.bridge_layout_training import ddp_wrap_tiny
+
+    return run_distributed(ddp_wrap_tiny, world_size=2, args=(without,), timeout_s=240)[0]
+
+
+def _has_ddp_wrap() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("megatron.training") is not None
+
+
 def _muon_step(without: tuple[str, ...] = ()) -> dict:
     return run_distributed(train_tiny, world_size=2, args=(SPEC, "muon", 1, without), timeout_s=240)[0]
 
@@ -42,11 +55,12 @@ def _muon_step(without: tuple[str, ...] = ()) -> dict:
 @pytest.fixture(scope="module")
 def hits_with_all_shims(checkpoint: Path) -> dict[str, set[str]]:
     """Shim -> Megatron files that hit it over an AdamW step + save, a resume + step, and a layer-wise Muon step,
-    every shim installed."""
+    every shim installed, and (where Megatron-Core ships it) Megatron's DDP wrap that Bridge's model setup calls."""
     saved, resumed, muon = _save(checkpoint), _resume(checkpoint), _muon_step()
     assert len(saved["losses"]) == len(resumed["losses"]) == len(muon["losses"]) == 1  # the set is enough
+    wrap = _ddp_wrap() if _has_ddp_wrap() else {"shim_hits": {n: [] for n in shims.SHIMS}}
     return {n: set(saved["shim_hits"][n]) | set(resumed["shim_hits"][n]) | set(muon["shim_hits"][n])
-            for n in shims.SHIMS}
+            | {f for f in wrap["shim_hits"][n] if n in shims.DDP_WRAP_ONLY} for n in shims.SHIMS}
 
 
 @pytest.mark.parametrize("name", sorted(shims.SHIMS))
@@ -62,7 +76,10 @@ def test_shim_is_hit_at_its_documented_call_sites_exactly_where_needed(name, hit
 @pytest.mark.parametrize("name", NEEDED)
 def test_shim_is_still_needed(name, checkpoint, hits_with_all_shims, tmp_path):
     failure = shims.SHIMS[name].failure
-    if name in shims.LAYER_WISE_ONLY:
+    if name in shims.DDP_WRAP_ONLY:
+        with pytest.raises(RuntimeError, match=failure):
+            _ddp_wrap(without=(name,))
+    elif name in shims.LAYER_WISE_ONLY:
         with pytest.raises(RuntimeError, match=failure):
             _muon_step(without=(name,))
     elif name not in shims.CHECKPOINT_ONLY:

@@ -87,6 +87,7 @@ def test_recipe_builds_and_validates(name, bridge, hf_configs, monkeypatch):
     from megatron.bridge.training.config import runtime_config_update
 
     from nemo_muon.megatron.bridge import config_container
+    from nemo_muon.megatron.bridge_layout import routes
 
     recipe = _recipe(name, hf_configs)
     monkeypatch.setenv("WORLD_SIZE", str(recipe.system.world_size))
@@ -105,7 +106,11 @@ def test_recipe_builds_and_validates(name, bridge, hf_configs, monkeypatch):
     assert c.model.num_moe_experts == recipe.model.num_experts
     assert c.scheduler.start_weight_decay == c.scheduler.end_weight_decay == recipe.optimizer.weight_decay
     is_adam = recipe.optimizer.name == "adamw"
-    assert c.ddp.use_distributed_optimizer is is_adam
+    # engine 'nemo_muon' on Bridge 0.6: DDP on the cost layout (reduce-scatter, all-gather in the next forward)
+    cost_layout = routes(recipe.optimizer)
+    assert c.ddp.use_distributed_optimizer is (is_adam or cost_layout)
+    if cost_layout:
+        assert c.ddp.overlap_param_gather and c.optimizer.use_distributed_optimizer
     assert type(c.optimizer).__name__ == ("OptimizerConfig" if is_adam else "EngineOptimizerConfig")
     if not is_adam:
         assert c.optimizer.engine_config == recipe.optimizer and c.optimizer.use_layer_wise_distributed_optimizer

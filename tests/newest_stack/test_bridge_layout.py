@@ -1,0 +1,92 @@
+"""The reduce-scatter layout owned by update cost inside Megatron-Bridge's own model setup
+(`nemo_muon.megatron.bridge_layout`): Bridge's provider runs our tagging pre-wrap hook, Megatron-Core's ``_ddp_wrap``
+builds DDP on our layout, Bridge's setup_optimizer builds our Muon on it; 2 gloo ranks, against the legacy path."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed import run_distributed
+from tests.megatron_cpu.bridge_layout_training import train_through_bridge_model_setup
+from tests.newest_stack.conftest import stack_release
+
+STEPS = 10
+routed = pytest.mark.skipif(stack_release().tag == "26.04", reason="Bridge 0.4 (Megatron-Core 0.17) has no parameter "
+                            "layout: the legacy path only (test_only_bridge_05_and_06_route_...)")
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {layout: run_distributed(train_through_bridge_model_setup, world_size=2,
+                                    args=("tiny_qwen3_moe", STEPS, layout == "cost"), timeout_s=300)
+            for layout in ("legacy", "cost")}
+
+
+@routed
+def test_bridge_builds_ddp_on_our_cost_layout_and_trains(runs):
+    for result in runs["cost"]:
+        assert result["use_distributed_optimizer"] and result["full_param_layout"]
+        assert result["overlap_param_gather"]  # the all-gather runs in the next forward
+        assert result["hook_installed"] and result["planned"] == 1 and result["owners_match"]
+        assert "MegatronMuon" in result["optimizers"] and "LayerWiseDistributedOptimizer" in result["optimizers"]
+        losses = result["losses"]
+        assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
+        assert result["replica_max_diff"] == 0.0
+        assert "DistributedOptimizer" in result["optimizers"]  # the rest (Adam) sharded in Megatron's layout
+
+
+@routed
+def test_the_loss_curve_is_the_legacy_paths(runs):
+    # the same updates (owners and reductions differ: bf16 reduce-scatter vs all-reduce)
+    for legacy, cost in zip(runs["legacy"], runs["cost"], strict=True):
+        assert max(abs(a - b) for a, b in zip(legacy["losses"], cost["losses"], strict=True)) < 0.05
+
+
+@routed
+def test_cost_layout_sends_at_most_070_of_the_legacy_bytes(runs):
+    for legacy, cost in zip(runs["legacy"], runs["cost"], strict=True):
+        assert not legacy["use_distributed_optimizer"] and not legacy["hook_installed"]
+        assert cost["sent_last_step"] <= 0.70 * legacy["sent_last_step"], (cost["sent_last_step"],
+                                                                           legacy["sent_last_step"])
+
+
+@pytest.mark.parametrize("version, expected", [("0.6.2", True), ("0.5.1", True), ("0.4.0", False), ("0.3.0", False)])
+def test_only_bridge_05_and_06_route_our_matrix_optimizers_to_the_cost_layout(version, expected):
+    from nemo_muon.config.optimizer import AdamWConfig, MuonConfig
+    from nemo_muon.megatron.bridge_layout import routes
+
+    assert routes(MuonConfig(lr=0.02, split_gate_up=False), version) is expected
+    assert not routes(MuonConfig(lr=0.02, split_gate_up=False, engine="megatron"), version)
+    assert not routes(AdamWConfig(lr=1e-3), version)
+
+
+@routed
+def test_the_hook_point_is_pinned(bridge):
+    import types
+
+    from megatron.training.models import dist_utils
+
+    from nemo_muon.megatron.bridge_layout import check_hook_point
+
+    check_hook_point(dist_utils, "0.6.2")
+    with pytest.raises(RuntimeError, match=r"wired into Megatron-Bridge 0.5.x / 0.6.x; installed megatron-bridge 0.7"):
+        check_hook_point(dist_utils, "0.7.0")
+    moved = types.ModuleType("dist_utils")
+    exec("DistributedOptimizer = object\ndef _ddp_wrap(model):\n    return model\n", moved.__dict__)
+    moved.__file__ = __file__  # inspect needs a source: this file, which never calls the hooked name that way
+    with pytest.raises(RuntimeError, match="hook point moved"):
+        check_hook_point(moved, "0.6.2")
+
+
+def test_provide_refuses_ddp_on_megatrons_untagged_layout(bridge):
+    import types
+
+    import torch
+
+    from nemo_muon.config.optimizer import MuonConfig
+    from nemo_muon.megatron.bridge_provider import EngineOptimizerConfig
+
+    chunk = torch.nn.Linear(4, 4)
+    chunk.ddp_config = types.SimpleNamespace(use_distributed_optimizer=True)
+    with pytest.raises(ValueError, match="no layer-wise layout tagged"):
+        EngineOptimizerConfig(engine_config=MuonConfig(lr=0.02, split_gate_up=False)).provide(model_chunks=[chunk])
