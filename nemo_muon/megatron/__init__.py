@@ -7,6 +7,8 @@ of Megatron-Core, Bridge or NeMo:
 * `build`: the Megatron optimizer of a config over DDP-wrapped model chunks;
 * `registration`: nemo-muon's Muon inside Megatron-Core's layer-wise distributed optimizer (engine 'nemo_muon');
 * `cost_balanced`: on Megatron-Core 0.16, that optimizer owning the matrices by update cost (and split ownership);
+* `cost_layout`: on Megatron-Core >= 0.18, DDP's layer-wise parameter layout owned by update cost (reduce-scatter);
+* `bridge_layout`: that layout inside Megatron-Bridge 0.5 / 0.6's own DDP wrap (a pinned hook point);
 * `nonfinite`: the skip / raise decision on the global gradient norm (engine 'nemo_muon');
 * `bridge_provider`: that engine in Megatron-Bridge >= 0.4, through ``OptimizerConfig.provide()`` (imports Bridge);
 * `bridge_hook`: that engine in Megatron-Bridge 0.3 (NGC 26.02), by rebinding one name of its optimizer setup;
@@ -22,10 +24,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_perf_recipes", "bridge_presets", "bridge_provider",
-                               "build", "model_config",
-                               "nemo2", "nonfinite", "optimizer_config", "cost_balanced", "recipe_rules", "registration",
-                               "stack")
+SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_layout", "bridge_perf_recipes", "bridge_presets",
+                               "bridge_provider", "build", "model_config", "nemo2", "nonfinite", "optimizer_config",
+                               "cost_balanced", "cost_layout", "recipe_rules", "registration", "stack")
 
 
 def __getattr__(name: str) -> Any:
