@@ -253,8 +253,13 @@ def path_times(inputs: StepInputs, hw: Hardware, model_flops_per_s: float) -> di
     ag = max(gather_sharded(s) for s in inputs.stages)
     adam_opt = max(ADAMW_BYTES_PER_ELEMENT * (s.dense_elements / dpcp + s.expert_elements / lay.edp)
                    for s in inputs.stages) / hw.hbm_bytes_per_s
-    ns = [ns_seconds(rk.matrices, hw, inputs.implementation, inputs.ns_steps, inputs.ns_precision)
-          for stage in inputs.ranks for rk in stage]
+    by_work: dict[tuple[MatrixWork, ...], float] = {}  # ranks holding identical matrices: priced once
+    ns = []
+    for rk in (rk for stage in inputs.ranks for rk in stage):
+        if rk.matrices not in by_work:
+            by_work[rk.matrices] = ns_seconds(rk.matrices, hw, inputs.implementation, inputs.ns_steps,
+                                              inputs.ns_precision)
+        ns.append(by_work[rk.matrices])
     muon_opt = max(n + (MUON_BYTES_PER_ELEMENT * rk.matrix_elements + ADAMW_BYTES_PER_ELEMENT * rk.adam_elements)
                    / hw.hbm_bytes_per_s for n, rk in zip(ns, (rk for st in inputs.ranks for rk in st), strict=True))
     uneven = max(rk.gather_bytes for stage in inputs.ranks for rk in stage) / dp_bw
