@@ -15,7 +15,7 @@ launch folder is still mount-safe.
 from __future__ import annotations
 
 from nemo_muon.config.recipe import TrainingRecipe
-from nemo_muon.registry import check_split_target, spec_for
+from nemo_muon.registry import check_split_target
 
 GROUPED_GEMM_ALIGNMENT: dict[str, int] = {"fp32": 4, "bf16": 8, "fp8_cs": 16, "mxfp8": 32}
 """Multiple of elements an expert GEMM width must be, per precision: torch._grouped_mm needs 16-byte strides
@@ -30,23 +30,10 @@ def check_schedule(recipe: TrainingRecipe) -> None:
 
 
 def check_optimizer(recipe: TrainingRecipe) -> None:
-    """The optimizer is registered (`nemo_muon.registry.spec_for`), and its entry allows what the recipe asks of it:
-    a split target, and checkpoints of engine 'nemo_muon' inside Megatron (its state must be shaped like its
-    parameters for Megatron's ``dist_checkpointing``). Which engines it has is the megatron mapping's rule
-    (`megatron_optimizer_spec`, which the megatron recipe rules run)."""
-    opt = recipe.optimizer
-    spec = spec_for(opt)
-    check_split_target(opt)
-    if recipe.backend != "megatron" or spec.matrix is None:  # the engine itself: the megatron mapping's rule
-        return
-    ckpt = recipe.checkpoint
-    if getattr(opt, "engine", None) == "nemo_muon" and not spec.megatron.dist_checkpoint and (ckpt.save_interval > 0 or ckpt.resume):
-        raise ValueError(
-            f"checkpoint.save_interval must be 0 and checkpoint.resume false for optimizer={opt.name} with engine "
-            f"'nemo_muon' on backend='megatron': nemo-muon's {spec.label} inside Megatron cannot go through "
-            "Megatron's dist_checkpointing yet (its state is not shaped like its parameters, which Megatron's "
-            f"optimizer sharding requires); got checkpoint.save_interval={ckpt.save_interval}, "
-            f"checkpoint.resume={ckpt.resume}: set both off, or backend=torch")
+    """The optimizer is registered (`nemo_muon.registry.spec_for`), and its entry allows the recipe's split target.
+    Which engines it has is the megatron mapping's rule (`megatron_optimizer_spec`, which the megatron recipe rules
+    run)."""
+    check_split_target(recipe.optimizer)
 
 
 def check_sequence(recipe: TrainingRecipe) -> None:

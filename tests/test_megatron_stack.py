@@ -109,22 +109,39 @@ def test_the_image_build_check_refuses_a_stack_that_cannot_run_the_required_opti
     assert stack._main(["--require", "muon,soap,adamw"]) == 0
 
 
-@pytest.mark.parametrize("checkpoint", [dict(save_interval=100), dict(resume=True)])
-@pytest.mark.parametrize("optimizer, label", [("soap", "SOAP"), ("normuon", "NorMuon")])
-def test_engine_state_megatron_cannot_save_is_refused_with_checkpoints_when_the_recipe_is_built(checkpoint, optimizer,
-                                                                                               label):
-    """SOAP's factors and NorMuon's row-wise moments are not shaped like their parameters (registry:
-    ``megatron.dist_checkpoint=False``): with checkpoints, every entry point's validation refuses the recipe."""
+@pytest.mark.parametrize("checkpoint", [dict(save_interval=100), dict(resume=True, dir="/ckpt")])
+@pytest.mark.parametrize("optimizer", ["soap", "normuon"])
+def test_every_optimizer_inside_megatron_may_checkpoint(checkpoint, optimizer):
+    """SOAP's factors and NorMuon's row-wise moments go through Megatron's dist_checkpointing as tensors keyed by
+    their parameter (`nemo_muon.megatron.state_checkpoint`; the save and resume run in tests/megatron_cpu): a
+    recipe with checkpoints is valid."""
     from nemo_muon.recipes.overrides import apply_overrides
 
     from nemo_muon.config.recipe import CheckpointConfig
     from nemo_muon.run_checks import check_run
 
     recipe = apply_overrides(get_recipe("kimi_k2_muon"), [f"optimizer={optimizer}"])
-    with pytest.raises(ValueError, match=f"nemo-muon's {label} inside Megatron cannot go through Megatron's "
-                                         "dist_checkpointing yet"):
-        check_run(recipe.replace(checkpoint=CheckpointConfig(**checkpoint)))
-    check_run(recipe.replace(checkpoint=CheckpointConfig(save_interval=0)))  # without checkpoints it is fine
+    check_run(recipe.replace(checkpoint=CheckpointConfig(**checkpoint)))
+
+
+def test_a_megatron_resume_refuses_a_cut_shard_before_bridge_runs(tmp_path):
+    """`nemo_muon.megatron.bridge.pretrain` checks the checkpoint its resume would load (the tracker's iteration)
+    before Bridge is imported or the model built: a shard cut short is refused naming the file."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from nemo_muon.config.recipe import CheckpointConfig
+    from nemo_muon.layerwise.checkpoint import CheckpointError
+    from nemo_muon.megatron import bridge
+
+    folder = tmp_path / "iter_0000007"
+    dcp.save({"weight": torch.arange(4096.0)}, checkpoint_id=str(folder), no_dist=True)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("7")
+    (shard,) = folder.glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:1000])
+    recipe = get_recipe("kimi_k2_muon").replace(checkpoint=CheckpointConfig(resume=True, dir=str(tmp_path)))
+    with pytest.raises(CheckpointError, match=rf"checkpoint {folder}: file {shard} is truncated: 1000 bytes"):
+        bridge.pretrain(recipe)
 
 
 def test_emerging_optimizers_older_than_ours_needs_stops_our_muon_only():

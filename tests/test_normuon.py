@@ -79,6 +79,24 @@ def test_fused_parts_and_expert_stacks_are_each_their_own_matrix():
     assert {k for k in a.state[fused]} == {"momentum_buffer", "moment2_0", "moment2_1"}
 
 
+def test_the_placeholder_state_a_checkpoint_loads_into_is_the_state_a_step_builds():
+    """Megatron's checkpoint load copies into the placeholder state (``placeholder_state``), so every second moment
+    must exist there with its shape and dtype: fused parts, expert stacks, tall and wide matrices."""
+    cfg = NorMuonConfig(lr=0.03, weight_decay=0.0)
+    named = [("mlp.gate_up_proj", torch.nn.Parameter(torch.randn(24, 20))),
+             ("mlp.experts.down_proj", torch.nn.Parameter(torch.randn(3, 16, 10))),
+             ("attn.o_proj", torch.nn.Parameter(torch.randn(8, 40)))]
+    stepped = build_optimizer(cfg, named)
+    for _, p in named:
+        p.grad = torch.randn_like(p)
+    stepped.step()
+    placeholder = build_optimizer(cfg, named)
+    for _, p in named:
+        placeholder.placeholder_state(p)
+        built = {k: (v.shape, v.dtype) for k, v in stepped.state[p].items()}
+        assert {k: (v.shape, v.dtype) for k, v in placeholder.state[p].items()} == built
+
+
 def test_bad_values_are_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"normuon.beta2 must be a number in \[0.0, 1.0\); got 1.0"):
         NorMuonConfig(beta2=1.0)

@@ -9,6 +9,8 @@ of Megatron-Core, Bridge or NeMo:
 * `cost_balanced`: on Megatron-Core 0.16, that optimizer owning the matrices by update cost (and split ownership);
 * `cost_layout`: on Megatron-Core >= 0.18, DDP's layer-wise parameter layout owned by update cost (reduce-scatter);
 * `bridge_layout`: that layout inside Megatron-Bridge 0.5 / 0.6's own DDP wrap (a pinned hook point);
+* `state_checkpoint`: our optimizers' state of any shape through Megatron's ``dist_checkpointing`` (keyed by parameter);
+* `checkpoint_files`: a checkpoint with a missing or truncated file refused by name before a resume reads it;
 * `nonfinite`: the skip / raise decision on the global gradient norm (engine 'nemo_muon');
 * `bridge_provider`: that engine in Megatron-Bridge >= 0.4, through ``OptimizerConfig.provide()`` (imports Bridge);
 * `bridge_hook`: that engine in Megatron-Bridge 0.3 (NGC 26.02), by rebinding one name of its optimizer setup;
@@ -26,7 +28,8 @@ from typing import Any
 
 SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_layout", "bridge_perf_recipes", "bridge_presets",
                                "bridge_provider", "build", "model_config", "nemo2", "nonfinite", "optimizer_config",
-                               "cost_balanced", "cost_layout", "recipe_rules", "registration", "stack")
+                               "checkpoint_files", "cost_balanced", "cost_layout", "recipe_rules", "registration",
+                               "stack", "state_checkpoint")
 
 
 def __getattr__(name: str) -> Any:

@@ -412,10 +412,15 @@ def _library_recipe_container(recipe: TrainingRecipe) -> Any:
 
 def pretrain(recipe: TrainingRecipe) -> None:
     """Train ``recipe`` with Megatron-Bridge (NeMo container; one process per GPU, launched by the executor).
+    On resume, the checkpoint Bridge will load is checked first (`checkpoint_files.check_resume_folder`).
 
     The recipe's environment variables are set where the launcher has not set them already (the launcher wins)."""
     for name, value in recipe.env.items():
         os.environ.setdefault(name, value)
+    if recipe.checkpoint.resume and recipe.checkpoint.dir:  # a cut or missing shard is refused by name before Bridge loads into the model
+        from nemo_muon.megatron.checkpoint_files import check_resume_folder
+
+        check_resume_folder(recipe.checkpoint.dir)
     container = build_config_container(recipe)
     if optimizer_engine(recipe.optimizer) == ENGINE_NEMO_MUON and installed_bridge_integration() == BRIDGE_HOOK:
         from nemo_muon.megatron import bridge_hook

@@ -34,7 +34,6 @@ from nemo_muon.megatron.optimizer_config import (
     ddp_flags,
     to_megatron_optimizer_config,
 )
-from nemo_muon.megatron.registration import unsaveable_optimizer
 from nemo_muon.registry import is_registered
 
 try:
@@ -63,12 +62,6 @@ class MegatronCoreOptimizer(McoreDistributedOptimizer):
 
     def sharded_state_dict(self, model_sharded_state_dict: Any, optimizer_state_dict: Any = None,
                            is_loading: bool = False, dist_ckpt_parallel_save: Any = None, **kwargs: Any) -> Any:
-        label = unsaveable_optimizer(self.mcore_optimizer)
-        if label is not None:
-            raise NotImplementedError(
-                f"{label} cannot be saved with Megatron's dist_checkpointing yet (its state is not shaped like its "
-                "parameters, which Megatron's optimizer sharding requires); train it without checkpoints on the "
-                "megatron backend, or use the torch backend")
         params = inspect.signature(self.mcore_optimizer.sharded_state_dict).parameters
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         accepted = {k: v for k, v in kwargs.items() if takes_any or k in params}
@@ -79,15 +72,18 @@ def apply_param_group_multipliers(param_groups: list[dict[str, Any]]) -> None:
     """Fold Megatron's per-group ``lr_mult`` / ``wd_mult`` into ``lr`` / ``weight_decay`` once.
 
     NeMo's schedulers set ``lr`` on each group and know nothing of the multipliers Megatron-Core puts on param
-    groups (its own scheduler applies them); like NeMo's AdamW path, the multiplier is applied to the base values,
-    which are kept as ``pre_mult_lr`` / ``pre_mult_wd``. A group that already has them (a resumed optimizer) is left.
+    groups (its own scheduler applies them); like NeMo's AdamW path (``nemo.lightning._strategy_lib``), the multiplier
+    is applied to the base values, which are kept as ``pre_mult_lr`` / ``pre_mult_wd``, and the multipliers move to
+    ``pre_lr_mult`` / ``pre_wd_mult``, where Megatron-Core's checkpoint load matches param groups by them. A group
+    that already has them (a resumed optimizer) is left.
     """
     for group in param_groups:
         if "pre_mult_lr" in group:
             continue
         group["pre_mult_lr"], group["pre_mult_wd"] = group["lr"], group["weight_decay"]
-        group["lr"] = group["lr"] * group.pop("lr_mult", 1.0)
-        group["weight_decay"] = group["weight_decay"] * group.pop("wd_mult", 1.0)
+        group["pre_lr_mult"], group["pre_wd_mult"] = group.pop("lr_mult", 1.0), group.pop("wd_mult", 1.0)
+        group["lr"] = group["lr"] * group["pre_lr_mult"]
+        group["weight_decay"] = group["weight_decay"] * group["pre_wd_mult"]
 
 
 class EmergingOptimizerModule(MegatronOptimizerModule):

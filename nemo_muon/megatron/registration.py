@@ -28,8 +28,9 @@ How it is plugged in, per generation (the narrowest hook each allows):
   `LayerWiseDistributedOptimizer`) around our optimizer instead.
 
 Megatron's Float16 wrapper swaps each bf16 parameter in the optimizer's groups for its fp32 master copy; our
-optimizer knows its parameters by the model's tensors (for names and fused layouts), so `rekey_after_wrapping` moves
-that knowledge to the master copies once the optimizer is built.
+optimizer knows its parameters by the model's tensors (for names and fused layouts), so `finish_wrapping` moves
+that knowledge to the master copies once the optimizer is built, and gives each wrapper of ours the checkpointing of
+state of any shape (`nemo_muon.megatron.state_checkpoint`: SOAP's factors, NorMuon's moments).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ import torch
 
 from nemo_muon.config.optimizer import OptimizerConfig
 from nemo_muon.megatron.nonfinite import apply_nonfinite_policy
+from nemo_muon.megatron.state_checkpoint import adopt_wrapper
 from nemo_muon.optim.muon import Muon
 from nemo_muon.optim.routed import RoutedOptimizer
 from nemo_muon.optim.routing import MATRIX, QKVLayout
-from nemo_muon.registry import OptimizerSpec, resolve, spec_for, spec_named, specs
+from nemo_muon.registry import OptimizerSpec, resolve, spec_for, specs
 
 OURS_ATTRIBUTE = "nemo_muon_config"
 """The attribute of (our copy of) Megatron's `OptimizerConfig` that carries the recipe's validated config to our
@@ -160,15 +162,16 @@ def _kwargs_from_attached(config: Any, model_chunks: list[Any], pg_collection: A
     return engine_kwargs(ours, config, model_chunks, pg_collection)
 
 
-def rekey_after_wrapping(optimizer: Any) -> int:
-    """After Megatron wrapped our optimizer in `Float16OptimizerWithFloat16Params`, move routes to the master copies.
+def finish_wrapping(optimizer: Any) -> int:
+    """After Megatron wrapped our optimizer in `Float16OptimizerWithFloat16Params` (or `FP32Optimizer`): move routes to
+    the master copies, and switch the wrapper to checkpointing our state of any shape (`state_checkpoint`).
 
     Walks the (chained / layer-wise) Megatron optimizer; returns how many of ours were found (0 = none).
     """
     found = 0
     for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
         if sub is not optimizer and hasattr(sub, "chained_optimizers"):
-            found += rekey_after_wrapping(sub)
+            found += finish_wrapping(sub)
             continue
         raw = getattr(sub, "optimizer", None)
         if not isinstance(raw, _OnMegatronParams):
@@ -177,23 +180,8 @@ def rekey_after_wrapping(optimizer: Any) -> int:
         for old_group, new_group in zip(getattr(sub, "float16_groups", []),
                                         getattr(sub, "fp32_from_float16_groups", []), strict=True):
             raw.rekey(zip(old_group, new_group, strict=True))
+        adopt_wrapper(sub)
     return found
-
-
-def unsaveable_optimizer(optimizer: Any) -> str | None:
-    """The label of an optimizer of ours inside a (chained / layer-wise) Megatron optimizer whose registry entry says
-    Megatron's ``dist_checkpointing`` cannot save its state (``megatron.dist_checkpoint``); None when all can."""
-    if hasattr(optimizer, "chained_optimizers"):  # a chain's ``.optimizer`` asserts it has exactly one
-        return next((label for sub in optimizer.chained_optimizers if (label := unsaveable_optimizer(sub))), None)
-    raw = getattr(optimizer, "optimizer", None)
-    if isinstance(raw, _OnMegatronParams) and not spec_registered_as(raw).megatron.dist_checkpoint:
-        return raw.label
-    return None
-
-
-def spec_registered_as(optimizer: Any) -> OptimizerSpec:
-    """The registry entry of one of our optimizer instances (its class's ``registry_name``)."""
-    return spec_named(optimizer.registry_name)
 
 
 def register_with_megatron() -> None:
@@ -266,7 +254,7 @@ def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: An
                          f"ownership={ownership!r}, ns_split_target={target!r}")
     else:
         layer_wise = LayerWiseDistributedOptimizer(optimizers, config, pg_collection, init_state_fn_list=init_fns)
-    rekey_after_wrapping(layer_wise)
+    finish_wrapping(layer_wise)
     return apply_nonfinite_policy(layer_wise, nonfinite_policy(ours))
 
 
@@ -296,7 +284,7 @@ def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: An
     setattr(config, OURS_ATTRIBUTE, ours)
     optimizer = get_megatron_optimizer(config, model_chunks, config_overrides=config_overrides,
                                        pg_collection=pg_collection, use_gloo_process_groups=False)
-    if not rekey_after_wrapping(optimizer):
+    if not finish_wrapping(optimizer):
         raise RuntimeError(f"Megatron-Core built none of our optimizers for optimizer={config.optimizer!r}")
     return apply_nonfinite_policy(optimizer, nonfinite_policy(ours))
 

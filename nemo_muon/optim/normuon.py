@@ -13,9 +13,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_muon.optim.fused import split_parts
 from nemo_muon.optim.muon import Muon
 from nemo_muon.optim.routed import MatrixItem
 from nemo_muon.registry.normuon import NorMuonConfig
+
+
+def long_side(shape: tuple[int, ...]) -> int:
+    """The axis the second moment averages over: the longer side of a part (rows when square)."""
+    return -1 if shape[-2] >= shape[-1] else -2
+
+
+def moment2_shape(part_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The second moment of a part of this shape: one value per row of its longer side."""
+    shape = list(part_shape)
+    shape[long_side(part_shape)] = 1
+    return tuple(shape)
 
 
 class NorMuon(Muon):
@@ -43,11 +56,17 @@ class NorMuon(Muon):
             group.setdefault(key, value)
         NorMuonConfig(lr=group["lr"], weight_decay=group["weight_decay"], beta2=group["beta2"], eps=group["eps"])
 
+    def placeholder_state(self, p: torch.Tensor) -> None:
+        """The state a checkpoint load copies into: `Muon`'s, and every part's second moment (`moment2_shape`)."""
+        super().placeholder_state(p)
+        parts = split_parts(torch.empty(p.shape, device="meta"), self.route_of(p), self._names[p])
+        for part, shape in enumerate(moment2_shape(tuple(x.shape)) for x in parts):
+            self.state[p].setdefault(f"moment2_{part}", torch.zeros(shape, device=p.device))
+
     def _post_orthogonalize(self, it: MatrixItem, part: int, y: torch.Tensor) -> torch.Tensor:
         """Row-wise second moment along the longer side, then the norm of the orthogonalized part restored."""
         beta2, eps = it.group["beta2"], it.group["eps"]
-        long_side = -1 if y.shape[-2] >= y.shape[-1] else -2
-        mean_square = y.square().mean(dim=long_side, keepdim=True)
+        mean_square = y.square().mean(dim=long_side(y.shape), keepdim=True)
         moment2 = it.state.get(f"moment2_{part}")
         if moment2 is None:
             moment2 = it.state[f"moment2_{part}"] = torch.zeros_like(mean_square)

@@ -52,7 +52,6 @@ SPEC = dataclasses.replace(
     implementation="nemo_muon.optim.normuon:NorMuon",
     # the whole-tensor optimizer's split runs NS on slices; the row moment needs the whole matrix
     matrix=dataclasses.replace(MUON_SPEC.matrix, state_elements=normuon_state_elements, splittable=False),
-    # no Megatron-Core implementation; the second moment (one value per row) is not shaped like the parameter
-    megatron=dataclasses.replace(MUON_SPEC.megatron, engines=("nemo_muon",), registered_name="nemo_normuon",
-                                 dist_checkpoint=False),
+    # no Megatron-Core implementation
+    megatron=dataclasses.replace(MUON_SPEC.megatron, engines=("nemo_muon",), registered_name="nemo_normuon"),
 )

@@ -30,7 +30,6 @@ SPEC = OptimizerSpec(
     megatron=MegatronSpec(
         engines=("nemo_muon", "megatron"), bridge_name="soap", registered_name="nemo_soap",
         fields="nemo_muon.megatron.optimizer_config:soap_fields",
-        dist_checkpoint=False,  # Kronecker factors and eigenbases are not shaped like the parameter
         recipe_defaults={"nonfinite": "raise"},
     ),
 )

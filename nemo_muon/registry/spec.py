@@ -61,8 +61,6 @@ class MegatronSpec:
     engine (engine 'nemo_muon' never reads them back), and what engine 'megatron' runs."""
     adam_part: Callable[[Any], tuple[tuple[float, float], float]] = lambda cfg: (cfg.betas, cfg.eps)
     """Config -> (betas, eps) of Megatron's Adam, which updates what the matrix optimizer does not."""
-    dist_checkpoint: bool = True
-    """Engine 'nemo_muon': its state is shaped like its parameters, as Megatron's ``dist_checkpointing`` requires."""
     recipe_defaults: Mapping[str, Any] = field(default_factory=dict)
     """Config values the megatron perf recipes set where our defaults are not what Megatron-Core can honour."""
 

@@ -156,10 +156,14 @@ def test_muon_and_soap_through_the_module_train_on_this_stack(optimizer, ours):
         fdl.build(nemo2.muon_with_cosine_annealing(engine="megatron")).optimizers([])
 
 
-def test_soap_checkpoint_through_the_module_is_refused_clearly(tmp_path):
-    """Megatron's dist_checkpointing shards optimizer state shaped like the parameters; SOAP's factors are not, so the
-    save is refused with what to do instead of failing on a shape assertion deep in Megatron."""
-    with pytest.raises(RuntimeError, match=r"SOAP \(nemo-muon, Megatron layer-wise\) cannot be saved with Megatron's "
-                                           "dist_checkpointing"):
-        run_distributed(train_tiny, world_size=2, args=("tiny_qwen3_moe", "soap", 1, (), str(tmp_path), 1, None,
-                                                        "nemo2"), timeout_s=300, daemon=False)
+def test_soap_checkpoint_through_the_module_resumes_bit_for_bit(tmp_path):
+    """NeMo's strategy saves through the module's optimizer wrapper (`MegatronCoreOptimizer.sharded_state_dict`):
+    SOAP's factors go through Megatron's dist_checkpointing keyed by parameter (`state_checkpoint`), and the resumed
+    steps equal the uninterrupted run's."""
+    args = ("tiny_qwen3_moe", "soap")
+    straight = run_distributed(train_tiny, world_size=2, args=(*args, 3, (), str(tmp_path), 2, None, "nemo2"),
+                               timeout_s=300, daemon=False)[0]
+    resumed = run_distributed(train_tiny, world_size=2, args=(*args, 1, (), str(tmp_path), None, 2, "nemo2"),
+                              timeout_s=300, daemon=False)[0]
+    assert "MegatronSOAP" in resumed["optimizers"]
+    assert resumed["losses"] == straight["losses"][2:]

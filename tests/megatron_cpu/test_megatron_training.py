@@ -87,7 +87,8 @@ def test_our_muon_equals_megatrons_own_layer_wise_muon_step_by_step(spec):
         assert rank_result["losses"]["nemo_muon"] == rank_result["losses"]["megatron"]
 
 
-@pytest.mark.parametrize("spec, optimizer", [("tiny_qwen3_moe", "adamw"), ("tiny_kimi_k2", "muon")])
+@pytest.mark.parametrize("spec, optimizer", [("tiny_qwen3_moe", "adamw"), ("tiny_kimi_k2", "muon"),
+                                             ("tiny_kimi_k2", "soap"), ("tiny_qwen3_moe", "normuon")])
 def test_megatron_checkpoint_resume_continues_the_loss_curve(spec, optimizer, tmp_path):
     assert _runs(optimizer)
     ckpt = tmp_path / "ckpt"
@@ -125,16 +126,17 @@ def _all_masters(rank_results: list[dict]) -> dict[str, np.ndarray]:
     return merged
 
 
+@pytest.mark.parametrize("optimizer", ["muon", "soap"])
 @pytest.mark.parametrize("saved_at_dp, resumed_at_dp", [(2, 1), (1, 2)])
-def test_layer_wise_checkpoint_resumes_at_another_data_parallel_size(saved_at_dp, resumed_at_dp, tmp_path):
-    """Our Muon inside Megatron's layer-wise optimizer: save at one DP size, resume at another, and the next step
-    equals the uninterrupted run's (masters of every matrix and of Adam's parameters)."""
-    args = ("tiny_kimi_k2", "muon")
+def test_layer_wise_checkpoint_resumes_at_another_data_parallel_size(saved_at_dp, resumed_at_dp, optimizer, tmp_path):
+    """Our Muon / SOAP inside Megatron's layer-wise optimizer: save at one DP size, resume at another, and the next
+    step equals the uninterrupted run's (masters of every matrix and of Adam's parameters)."""
+    args = ("tiny_kimi_k2", optimizer)
     straight = run_distributed(_train_resharded, world_size=saved_at_dp, args=(*args, 4, str(tmp_path), 3, None),
                                timeout_s=300, daemon=False)
     resumed = run_distributed(_train_resharded, world_size=resumed_at_dp, args=(*args, 1, str(tmp_path), None, 3),
                               timeout_s=300, daemon=False)
-    assert "MegatronMuon" in resumed[0]["optimizers"]
+    assert {"muon": "MegatronMuon", "soap": "MegatronSOAP"}[optimizer] in resumed[0]["optimizers"]
     # the resumed forward is the uninterrupted run's step 4 (same weights, same global batch)
     assert resumed[0]["losses"][0] == pytest.approx(straight[0]["losses"][3], rel=1e-6)
     expected, got = _all_masters(straight), _all_masters(resumed)

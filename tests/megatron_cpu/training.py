@@ -846,3 +846,31 @@ def attempt_resumes(rank: int, world_size: int, group: Any, attempts: list[tuple
             unchanged = not changed
             outcomes.append({"error": error, "unchanged": unchanged, "changed": changed[:5]})
     return outcomes
+
+
+def resumed_weights_against_owners(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str,
+                                   checkpoint_dir: str) -> dict[str, Any]:
+    """Resume ``checkpoint_dir`` as `train_tiny` does and, before any forward, compare every matrix on every rank
+    with its owner's fp32 master cast to the parameter's dtype (what the owner's last step gathered to all ranks;
+    Megatron-LM #6920 skipped that gather after a load, leaving stale weights on the other ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    with megatron_parallel():
+        from megatron.core import dist_checkpointing
+
+        run = replica(spec_name, optimizer_name)
+        ddp_model, optimizer, names = run.ddp_model, run.optimizer, run.names
+        params = dict(ddp_model.module.named_parameters())
+        fresh = {n: p.detach().clone() for n, p in params.items()}
+        loaded = dist_checkpointing.load(_checkpoint_state(ddp_model, optimizer, loading=True), checkpoint_dir,
+                                         **integrity_check())
+        ddp_model.module.load_state_dict(loaded["model"])
+        optimizer.load_state_dict(loaded["optimizer"])
+        owned = {n: master.detach().to(params[n].dtype) for n, (master, _) in _matrix_masters(optimizer, names).items()}
+        everyone: list[dict] = [{} for _ in range(world_size)]
+        dist.all_gather_object(everyone, owned, group=group)
+        expected = {n: t for ranks in everyone for n, t in ranks.items()}
+        mismatched = sorted(n for n, t in expected.items() if not torch.equal(_bits(params[n]), _bits(t)))
+        return {"checked": len(expected), "mismatched": mismatched, "owned_here": len(owned),
+                "changed_by_load": sum(not torch.equal(fresh[n], params[n]) for n in expected)}
