@@ -24,6 +24,8 @@ from nemo_muon.recipes.resolved import document_path, to_document
 from nemo_muon.secret_policy import MASK, split_secrets
 
 ENTRY_MODULE = "nemo_muon.launchers.run_recipe"
+TORCHRUN_MODULE = "nemo_muon.launchers.torchrun"
+"""torchrun, where a refused run ends as rank 0's one line and the refusal's exit code (`launchers.torchrun`)."""
 DOCKER_MASTER_PORT = 29500
 MULTI_NODE_DOCKER_VARS: tuple[str, ...] = ("PET_NODE_RANK", "PET_MASTER_ADDR")
 """Set on each node for a multi-node docker run (torchrun reads --node-rank / --master-addr from them)."""
@@ -206,7 +208,7 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
     if executor == "local" and nodes != 1:
         raise LaunchError(f"--nodes must be 1 with --executor local (this machine); got {nodes}")
     if executor == "local":
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpn), *job_args]
+        argv = [sys.executable, "-m", TORCHRUN_MODULE, "--standalone", "--nproc-per-node", str(gpn), *job_args]
         return LaunchPlan(**common, argv=argv)
     if executor == "docker":
         if not image:
@@ -222,7 +224,7 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
         try:
             argv = docker_argv(image=image, mounts=mounts, env=plain, forwarded_env=forwarded, workdir=str(root),
                                gpus=recipe.system.gpu != "cpu", host_network=nodes > 1,
-                               command=["torchrun", *rdzv, "--nproc-per-node", str(gpn), *job_args])
+                               command=["python", "-m", TORCHRUN_MODULE, *rdzv, "--nproc-per-node", str(gpn), *job_args])
         except ValueError as e:
             raise LaunchError(str(e)) from None
         return LaunchPlan(**common, argv=argv)

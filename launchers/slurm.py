@@ -131,7 +131,7 @@ def _program(job: SlurmJob) -> str:
     else:
         rdzv = (f'--nnodes "$SLURM_NNODES" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:{RDZV_PORT}" '
                 '--rdzv-id "$SLURM_JOB_ID"')
-    return f"{shlex.quote(job.python)} -m torch.distributed.run {rdzv} --nproc-per-node {job.gpus_per_node} {quoted}"
+    return f"{shlex.quote(job.python)} -m nemo_muon.launchers.torchrun {rdzv} --nproc-per-node {job.gpus_per_node} {quoted}"
 
 
 def render_sbatch(job: SlurmJob, *, header: str = "") -> str:

@@ -102,7 +102,7 @@ def test_docker_line_has_ngc_flags_mounts_env_and_entrypoint(tmp_path: Path) -> 
     assert "-e PET_NODE_RANK -e PET_MASTER_ADDR" in line  # 2 GB300 nodes: each node sets its rank
     overrides, document = _job_document(out)
     assert overrides == [f"logging.root={tmp_path / 'runs'}"]
-    assert line.endswith(f"{IMAGE} torchrun --nnodes 2 --master-port 29500 --nproc-per-node 4 "
+    assert line.endswith(f"{IMAGE} python -m nemo_muon.launchers.torchrun --nnodes 2 --master-port 29500 --nproc-per-node 4 "
                          f"-m nemo_muon.launchers.run_recipe --recipe-file {document}")
     assert "each of the 2 nodes" in out
 
@@ -113,7 +113,7 @@ def test_local_runs_torchrun_standalone_with_the_recipe_processes(tmp_path: Path
     line = out.splitlines()[-1]
     overrides, document = _job_document(out)
     assert overrides[:2] == ["parallelism.ep=4", "trainer.global_batch_size=64"] and "system.num_nodes=1" in overrides
-    assert line.endswith(f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 4 -m "
+    assert line.endswith(f"{sys.executable} -m nemo_muon.launchers.torchrun --standalone --nproc-per-node 4 -m "
                          f"nemo_muon.launchers.run_recipe --recipe-file {document}")
     assert "NCCL_NVLS_ENABLE=0" in line  # local runs show the variables they set
 
@@ -207,7 +207,7 @@ def test_torch_backend_on_several_nodes_uses_one_torchrun_per_node_with_c10d(tmp
     lines = script.splitlines()
     assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=1" in lines
     assert "#SBATCH --cpus-per-task=2" in lines and "--gpus-per-node" not in script and "--segment" not in script
-    assert (f'srun --kill-on-bad-exit=1 --ntasks-per-node=1 {sys.executable} -m torch.distributed.run --nnodes "$SLURM_NNODES" '
+    assert (f'srun --kill-on-bad-exit=1 --ntasks-per-node=1 {sys.executable} -m nemo_muon.launchers.torchrun --nnodes "$SLURM_NNODES" '
             '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" --rdzv-id "$SLURM_JOB_ID" --nproc-per-node 2 '
             f'-m nemo_muon.launchers.run_recipe --recipe-file {_job_document(out)[1]}') in script
 

@@ -33,3 +33,25 @@ def test_a_document_takes_no_overrides():
     document = to_document(build_recipe("tiny_kimi_k2_muon"))
     with pytest.raises(ValueError, match=r"overrides must be empty with a resolved recipe document .*got \['a=b'\]"):
         nemo_run_task(document, ["a=b"])
+
+
+def test_torchrun_ends_quietly_only_when_every_failed_rank_was_refused():
+    """`nemo_muon.launchers.torchrun` keeps torchrun's failure report unless the first failure exited with a refusal
+    code and the others with it or the agent's SIGTERM (the ranks it stopped)."""
+    import logging
+
+    from nemo_muon.launchers.torchrun import RefusalLines, refusal_exit
+
+    assert refusal_exit({0: 2, 1: -15}, first=0) == 2
+    assert refusal_exit({0: 3}, first=0) == 3
+    assert refusal_exit({0: 1, 1: -15}, first=0) is None  # a crash: torchrun's block and exit code
+    assert refusal_exit({0: 2, 1: 1}, first=0) is None  # a refusal and a crash: the crash is reported
+    assert refusal_exit({0: 2, 1: -9}, first=0) is None  # a rank killed by something else than the agent
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("torch.distributed.elastic", logging.ERROR, __file__, 1, message, (), None)
+
+    lines = RefusalLines()
+    assert not lines.filter(record("Sending process 7 closing signal SIGTERM"))
+    assert not lines.filter(record("failed (exitcode: 2) local_rank: 0 (pid: 8) of binary: python"))
+    assert lines.filter(record("failed (exitcode: 1) local_rank: 1 (pid: 9) of binary: python"))

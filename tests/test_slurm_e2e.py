@@ -93,6 +93,25 @@ def test_tiny_recipe_trains_on_slurm_with_hostile_env_and_a_forwarded_secret(slu
     assert json.loads(report.stdout)["runs"][0]["last_step"] == 3
 
 
+def test_a_refused_run_is_one_line_in_the_log_and_the_jobs_exit_code(slurm_cluster, tmp_path, monkeypatch) -> None:
+    """A run every rank refuses (resume without a checkpoint) under Slurm's torchrun: rank 0's one line is the
+    job's only output besides torchrun's banner, gloo's connection lines and srun's status lines, and the job's
+    exit code is the refusal's."""
+    from nemo_muon.train.refusals import REFUSED_EXIT
+
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    result = _launch(["--wait", "--wait-timeout", "240", "--json", "checkpoint.resume=true", f"logging.root={root}"])
+    assert result.exit_code == REFUSED_EXIT, result.output
+    info = json.loads(result.stdout)
+    assert info["state"] == "FAILED" and info["exit_code"] == REFUSED_EXIT
+    log = (root / RECIPE / f"slurm-{info['job_id']}.out").read_text()
+    lines = [line for line in log.splitlines() if line and not line.startswith(("W", "[Gloo]", "srun: "))]
+    assert len(lines) == 1 and lines[0].startswith("error: checkpoint.resume=True needs a verified checkpoint"), log
+    for launcher_report in ("ChildFailedError", "Traceback", "exitcode", "SIGTERM"):
+        assert launcher_report not in log, log
+
+
 def test_cancel_stops_a_submitted_job(slurm_cluster, tmp_path) -> None:
     result = _launch(["--json", "trainer.max_steps=100000", f"logging.root={tmp_path}"])
     assert result.exit_code == 0, result.output

@@ -4,7 +4,8 @@ A refusal is an expected, user-fixable end of a run (a checkpoint that cannot be
 setting, a folder that is in use); a divergence stop ends a run whose steps keep being skipped. Every rank raises
 the same error together, so the entry points (`run_or_refuse`: ``python -m nemo_muon.launchers.run_recipe``,
 ``python -m nemo_muon.train.pretrain``, the demo) print it on rank 0 only, as ``error: <one line>``, with no
-traceback, and exit with `REFUSED_EXIT` or `DIVERGED_EXIT`; `nemo_muon.train.spawn` re-raises it in the parent
+traceback, and exit with `REFUSED_EXIT` or `DIVERGED_EXIT` (the other ranks exit 0, so that a launcher's first
+observed failure is rank 0's); `nemo_muon.train.spawn` re-raises it in the parent
 without the rank's traceback. Anything else is a bug and keeps its traceback. Torch-free at import.
 """
 
@@ -69,13 +70,17 @@ def exit_code(err: BaseException) -> int:
 
 def run_or_refuse(fn: Callable[[], Any], *, rank: int, stream: TextIO | None = None) -> int:
     """Call ``fn``; 0 when it returns. A refusal is printed by rank 0 only as ``error: <one line>`` (to ``stream``,
-    default stderr) and its exit code returned; any other exception propagates with its traceback."""
+    default stderr), which returns its exit code; the other ranks return 0: torchrun and ``srun --kill-on-bad-exit``
+    kill the remaining ranks at the first non-zero exit they see, which must be rank 0's, after its line (the
+    launcher's exit code is then rank 0's: `nemo_muon.launchers.torchrun`). Any other exception propagates with its
+    traceback."""
     try:
         fn()
     except Exception as err:
         if refusal_kind(err) is None:
             raise
-        if rank == 0:
-            print(f"error: {one_line(err)}", file=stream if stream is not None else sys.stderr, flush=True)
+        if rank != 0:
+            return 0
+        print(f"error: {one_line(err)}", file=stream if stream is not None else sys.stderr, flush=True)
         return exit_code(err)
     return 0
