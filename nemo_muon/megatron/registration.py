@@ -44,7 +44,7 @@ import torch
 
 from nemo_muon.config.optimizer import OptimizerConfig
 from nemo_muon.megatron.nonfinite import apply_nonfinite_policy
-from nemo_muon.megatron.state_checkpoint import adopt_wrapper
+from nemo_muon.megatron.state_checkpoint import adopt_wrapper, guard_layer_wise_file
 from nemo_muon.optim.muon import Muon
 from nemo_muon.optim.routed import RoutedOptimizer
 from nemo_muon.optim.routing import MATRIX, QKVLayout
@@ -164,11 +164,14 @@ def _kwargs_from_attached(config: Any, model_chunks: list[Any], pg_collection: A
 
 def finish_wrapping(optimizer: Any) -> int:
     """After Megatron wrapped our optimizer in `Float16OptimizerWithFloat16Params` (or `FP32Optimizer`): move routes to
-    the master copies, and switch the wrapper to checkpointing our state of any shape (`state_checkpoint`).
+    the master copies, switch the wrapper to checkpointing our state of any shape, and the layer-wise optimizer to
+    writing its torch-format file only inside a checkpoint folder (`state_checkpoint`).
 
     Walks the (chained / layer-wise) Megatron optimizer; returns how many of ours were found (0 = none).
     """
     found = 0
+    if hasattr(optimizer, "save_state_dict_to_file"):  # Megatron's layer-wise optimizer
+        guard_layer_wise_file(optimizer)
     for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
         if sub is not optimizer and hasattr(sub, "chained_optimizers"):
             found += finish_wrapping(sub)

@@ -17,22 +17,35 @@ this:
 Why tensors keyed by the parameter, and not sharded objects: they go through DCP's tensor path (no pickling, the
 dtype kept, the shape checked at load against the placeholder state the loading optimizer built), and the key names
 the parameter and not the rank, so a checkpoint resumes at another data-parallel size: the owner of a matrix after the
-resume reads its factors wherever they were written. Resuming at another tensor-parallel size is refused by the shape
-check (the fragment axes differ). Under tensor parallelism, state that is the same on every TP rank (SOAP's
+resume reads its factors wherever they were written. Resuming at another tensor-parallel size is not supported (the
+fragment axes differ). Under tensor parallelism, state that is the same on every TP rank (SOAP's
 full-size factors) is written once per TP rank, like any fragment.
+
+`guard_layer_wise_file`: Megatron-Bridge 0.3 / 0.4 also write the layer-wise optimizer's whole state with
+``torch.save`` at every save, to one file per DP rank at the save root, outside every checkpoint (Megatron-Bridge
+#2307: each save replaces the previous one's, and no resume reads it). Ours writes that file only inside a checkpoint
+folder.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 from collections.abc import Iterable
 from itertools import chain
+from pathlib import Path
 from typing import Any
 
 import torch
 
+logger = logging.getLogger(__name__)
+
 OWN_STATE_KEY = "nemo_muon_state"
 """Where the state Megatron cannot shard sits in the wrapper's (sharded) state dict, next to ``state``: param index
 (the optimizer's own numbering) -> state key -> tensor."""
+CHECKPOINT_FOLDER = re.compile(r"^(iter_\d{7}|release)$")
+"""A Megatron / Bridge checkpoint's own folder under the save root."""
 KEY_PREFIX = "optimizer.state.nemo_muon"
 """Checkpoint keys of that state: ``<prefix>.<state key>.<the parameter's checkpoint key>``."""
 
@@ -164,3 +177,43 @@ def adopt_wrapper(wrapper: Any) -> None:
     if base not in _CHECKPOINT_CLASSES:
         _CHECKPOINT_CLASSES[base] = _checkpoint_class(base)
     wrapper.__class__ = _CHECKPOINT_CLASSES[base]
+
+
+def _file_guard_class(base: type) -> type:
+    """``base`` (Megatron's layer-wise optimizer class) whose torch-format copy of its state is written only inside a
+    checkpoint's own folder; same name, module and layout."""
+
+    class WithFileInCheckpointFolder(base):  # type: ignore[misc, valid-type]
+        def save_state_dict_to_file(self, filename: str) -> None:
+            """Megatron-Bridge 0.3 / 0.4 call this at every save, whatever the format, with
+            ``<save root>/layer_wise_optimizer_<dp rank>.pt`` (Megatron-Bridge #2307): one file outside every
+            checkpoint, replaced by each later save and never read by their resume, while the torch_dist checkpoint
+            already holds this state (``sharded_state_dict``). That file is not written (logged once); a path inside
+            a checkpoint folder (``iter_<7 digits>`` / ``release``: Megatron-LM's torch format) is."""
+            if inside_checkpoint_folder(filename):
+                super().save_state_dict_to_file(filename)
+                return
+            if not getattr(self, "_skipped_file_logged", False):
+                self._skipped_file_logged = True
+                logger.info("not writing %s: it lies outside every checkpoint folder, so each save would replace "
+                            "it (Megatron-Bridge #2307); the checkpoint's own files hold this optimizer state",
+                            filename)
+
+    WithFileInCheckpointFolder.__name__, WithFileInCheckpointFolder.__qualname__ = base.__name__, base.__qualname__
+    WithFileInCheckpointFolder.__module__, WithFileInCheckpointFolder.__doc__ = base.__module__, base.__doc__
+    return WithFileInCheckpointFolder
+
+
+def inside_checkpoint_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` lies inside one checkpoint's own folder (``iter_<7 digits>`` or ``release``)."""
+    return any(CHECKPOINT_FOLDER.match(part) for part in Path(path).parent.parts)
+
+
+def guard_layer_wise_file(optimizer: Any) -> None:
+    """Switch a Megatron layer-wise optimizer to writing its torch-format file only inside a checkpoint folder."""
+    base = type(optimizer)
+    if base in _CHECKPOINT_CLASSES.values():
+        return
+    if base not in _CHECKPOINT_CLASSES:
+        _CHECKPOINT_CLASSES[base] = _file_guard_class(base)
+    optimizer.__class__ = _CHECKPOINT_CLASSES[base]

@@ -22,7 +22,12 @@ from nemo_muon.megatron.checkpoint_files import (
 )
 from nemo_muon.megatron.state_checkpoint import KEY_PREFIX
 from tests.distributed import run_distributed
-from tests.megatron_cpu.training import attempt_resumes, resumed_weights_against_owners, train_tiny
+from tests.megatron_cpu.training import (
+    attempt_resumes,
+    layer_wise_file_writes,
+    resumed_weights_against_owners,
+    train_tiny,
+)
 
 MCORE = importlib.metadata.version("megatron-core")
 SPEC, OPTIMIZER = "tiny_kimi_k2", "soap"
@@ -113,3 +118,13 @@ def test_a_corrupted_soap_shard_of_the_right_length(soap_checkpoint, tmp_path):
                                    timeout_s=300, daemon=False)
     assert outcome[0]["error"] is not None and f"{shard.name}: hash mismatch" in outcome[0]["error"]
     assert outcome[0]["unchanged"], outcome[0]["changed"]
+
+
+def test_the_layer_wise_file_is_written_only_inside_a_checkpoint_folder(tmp_path):
+    """Megatron-Bridge 0.3 / 0.4 save the layer-wise optimizer's torch file at the save root at every save (#2307:
+    each save replaces the last one's, no resume reads it); ours writes it only inside a checkpoint's folder."""
+    for result in run_distributed(layer_wise_file_writes, world_size=2, args=(str(tmp_path),), timeout_s=300,
+                                  daemon=False):
+        assert result == {"at_root": False, "in_folder": True, "class": result["class"]}
+        assert result["class"] in ("LayerWiseDistributedOptimizer", "NsBalancedLayerWiseOptimizer")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000003"]

@@ -874,3 +874,23 @@ def resumed_weights_against_owners(rank: int, world_size: int, group: Any, spec_
         mismatched = sorted(n for n, t in expected.items() if not torch.equal(_bits(params[n]), _bits(t)))
         return {"checked": len(expected), "mismatched": mismatched, "owned_here": len(owned),
                 "changed_by_load": sum(not torch.equal(fresh[n], params[n]) for n in expected)}
+
+
+def layer_wise_file_writes(rank: int, world_size: int, group: Any, save_root: str) -> dict[str, bool]:
+    """Call the layer-wise optimizer's torch-format save where Megatron-Bridge 0.3 / 0.4 put it (the save root) and
+    where Megatron-LM's torch format puts it (inside ``iter_0000003``); report which files exist afterwards."""
+    import os
+
+    with megatron_parallel():
+        run = replica("tiny_kimi_k2", "muon")
+        layer_wise = run.optimizer
+        while not hasattr(layer_wise, "save_state_dict_to_file"):
+            layer_wise = next(s for s in layer_wise.chained_optimizers if hasattr(s, "chained_optimizers"))
+        at_root = os.path.join(save_root, f"layer_wise_optimizer_{rank}.pt")
+        in_folder = os.path.join(save_root, "iter_0000003", f"layer_wise_optimizer_{rank}.pt")
+        os.makedirs(os.path.dirname(in_folder), exist_ok=True)
+        layer_wise.save_state_dict_to_file(at_root)
+        layer_wise.save_state_dict_to_file(in_folder)
+        layer_wise.load_state_dict_from_file(in_folder)
+        return {"at_root": os.path.exists(at_root), "in_folder": os.path.exists(in_folder),
+                "class": type(layer_wise).__name__}
