@@ -36,7 +36,7 @@ RECIPES: tuple[tuple[str, int], ...] = (
 HOSTILE: tuple[str, ...] = (
     "", " ", "none", "null", "nan", "inf", "-inf", "1e400", "-1", "0", "1", "2", "3", "7", "1e3", "0x10", "1_000",
     "9" * 30, "9" * 5000, "true", "maybe", "(1,2,3)", "(0.9,0.95)", "abc", "λ", "../../escape", "/tmp/a:/etc",
-    "/tmp/a,/b", "a b", "a\nb", "$(touch pwned)", "'quoted'", "muon", "soap", "adamw", "tiny_qwen3_moe", "kimi_k2",
+    "/tmp/a,/b", "a b", "a\nb", "$(touch pwned)", "'quoted'", "muon", "soap", "adamw", "normuon", "tiny_qwen3_moe", "kimi_k2",
 )
 BAD_KEYS: tuple[str, ...] = ("optimizer.nope", "nosection.x", "trainer", "model.", "env.BAD-NAME", ".x", "optim",
                              "log.nope", "=", "parallelism.tp.x")
@@ -169,3 +169,76 @@ def test_fuzzed_overrides_never_crash_agree_everywhere_and_explain_refusals(entr
     assert 0.3 * CASES < refused < 0.95 * CASES, f"{refused} of {CASES} refused: the mix tests both sides"
     assert elapsed < BUDGET_S, f"{CASES} cases took {elapsed:.0f} s"
     assert not (tmp_path / "runs").exists() and not list(Path.cwd().glob("pwned*"))
+
+
+PLAN_OPTIONS: dict[str, tuple[str, ...]] = {
+    "--model-tflops": ("713", "1051", "400", "0", "-5", "nan", "inf", "1e30", "5000", "5000.1", "abc", ""),
+    "--step-time": ("1.5", "0", "-1", "nan", "inf", "1e-30", "x"),
+    "--gpus": ("2", "8", "16", "256", "0", "-8", "7", "1e3", "99999999999"),
+    "--gpu": ("gb300", "h100", "b200", "cpu", "GB300", "nope", "", "../x"),
+}
+"""The step-time model's and the planner's command-line inputs, with typed, boundary and hostile values."""
+OPTION_NAMES: dict[str, tuple[str, ...]] = {"--model-tflops": ("model-tflops", "model_tflops"),
+                                           "--step-time": ("step-time", "step_time"),
+                                           "--gpus": ("gpus", "world"), "--gpu": ("gpu",)}
+"""How a refusal may name each option: its flag, its field, or (``--gpus``) the world size it sets."""
+PLAN_RECIPES = ("tiny_kimi_k2_muon", "qwen3_30b_a3b_muon", "qwen3_30b_a3b_muon", "qwen3_30b_a3b_soap", "kimi_k2_muon",
+                "kimi_k2_adamw")
+"""Weighted to the recipes that plan fastest (a Kimi K2 plan takes about a second)."""
+PLAN_CASES = 40
+
+
+def test_fuzzed_plan_inputs_never_crash_and_name_the_option(tmp_path: Path, monkeypatch) -> None:
+    """``nemo-muon plan`` with random step-time-model inputs (and NorMuon): a JSON plan, or one ``Error:`` line that
+    names the option and the value; never a traceback, nothing written."""
+    import json
+
+    from click.testing import CliRunner
+    from nemo_muon.launchers.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(SEED + 1)
+    refused = 0
+    for i in range(PLAN_CASES):
+        chosen = rng.sample(sorted(PLAN_OPTIONS), k=rng.choice((1, 2)))
+        name = rng.choice(PLAN_RECIPES)
+        valid = {"--model-tflops": "400", "--step-time": "1.5", "--gpu": "h100",
+                 "--gpus": str(get_recipe(name).system.world_size)}
+        args = ["plan", "--recipe", name, "--json"]
+        args += [f"{o}={valid[o] if rng.random() < 0.5 else rng.choice(PLAN_OPTIONS[o])}" for o in chosen]
+        if rng.random() < 0.3:
+            args += ["--set", "optimizer=normuon"]
+        result = CliRunner().invoke(main, args)
+        where = f"case {i}: {args}\n{result.output[-2000:]}"
+        assert result.exception is None or isinstance(result.exception, SystemExit), where
+        assert "Traceback" not in result.output, where
+        if result.exit_code == 0:
+            assert json.loads(result.stdout)["recipe"] == args[2], where
+            continue
+        refused += 1
+        assert result.exit_code == REFUSED_EXIT["plan"], where
+        error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+        # ours: '<field> must ...; got <value>'; click's: "Invalid value for '--opt': <value> is not ..."
+        assert len(error) == 1 and ("got" in error[0] or error[0].startswith("Error: Invalid value for '")), where
+        named = {n for o in chosen for n in OPTION_NAMES[o]} | {"optimizer"}
+        layout_field = "--gpus" in chosen and re.search(r"\b(trainer|parallelism|system)\.\w+", error[0])
+        assert any(n in error[0] for n in named) or layout_field, where  # a world size refused by the field it breaks
+    assert 3 < refused < PLAN_CASES - 3, f"{refused} of {PLAN_CASES} refused: the mix tests both sides"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("release", ["nope", "26.03", "../26.02", "26.02 ", "26.02;ls"])
+def test_an_unknown_release_is_one_line_naming_the_known_ones(release: str, monkeypatch) -> None:
+    """Release selection (``$NEMO_MUON_RELEASE``) read by ``nemo-muon doctor``."""
+    from click.testing import CliRunner
+    from nemo_muon.launchers.cli import main
+
+    monkeypatch.setenv("NEMO_MUON_RELEASE", release)
+    result = CliRunner().invoke(main, ["doctor"])
+    lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    if release.strip() == "26.02":
+        assert result.exit_code in (0, 1) and not lines, result.output  # surrounding blanks are stripped
+        return
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert lines == [f"Error: container release must be one of ('26.02', '26.02.01', '26.04', '26.06', '26.08'); "
+                     f"got {release!r}"], result.output

@@ -288,6 +288,9 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     if step_time_s is not None:
         out.update(_measured(out, step_time_s, gpu, recipe.precision.kind))
     out["step_time"] = None
+    if model_tflops is not None and gpu.lower() not in known_hardware():  # never ignored silently
+        raise ValueError(f"model_tflops prices the step-time model, which needs a GPU with public constants (one of "
+                         f"{tuple(known_hardware())}); got model_tflops={model_tflops} with gpu {gpu!r}")
     if gpu.lower() in known_hardware():
         megatrons_own = recipe.backend == "megatron" and getattr(opt, "engine", None) == "megatron"
         inputs = StepInputs(

@@ -283,7 +283,9 @@ def predict(inputs: StepInputs, hw: Hardware, *, model_tflops: float | None = No
     if model_tflops is None:
         rate, source = DEFAULT_MODEL_MFU * hw.peak("bf16"), f"assumed: {DEFAULT_MODEL_MFU:.0%} of dense bf16 peak"
     else:
-        check_range("model_tflops", model_tflops, low=0.0, low_inclusive=False)
+        # achieved model TFLOP/s cannot pass the GPU's fastest dense peak
+        check_range(f"model_tflops on {hw.name}", model_tflops, low=0.0, low_inclusive=False,
+                    high=max(hw.peak_flops.values()) / 1e12)
         rate, source = model_tflops * 1e12, "given with --model-tflops"
     paths = path_times(inputs, hw, rate)
     adamw = paths["adamw"].step_s
