@@ -299,6 +299,9 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, bridge_knobs: Any = None,
     merge("rerun_state_machine", {"check_for_nan_in_loss": ddp["check_for_nan_in_grad"]})
     merge("dataset", {"sequence_length": tr.seq_length})
     merge("checkpoint", {
+        # stated, not inherited: every save its own iter_<n> folder; the layer-wise optimizer's torch-format file
+        # outside it is Megatron-Bridge #2307 (docs/megatron_cpu.md, "What a checkpoint guarantees")
+        "ckpt_format": "torch_dist",
         "save_interval": recipe.checkpoint.save_interval or None,
         "save": recipe.checkpoint.dir if recipe.checkpoint.save_interval else None,
         "load": recipe.checkpoint.dir if recipe.checkpoint.resume else None,

@@ -46,6 +46,7 @@ def test_recipe_builds_and_validates(name, bridge, monkeypatch):
         recipe.trainer.global_batch_size, recipe.trainer.micro_batch_size, recipe.trainer.max_steps)
     assert dataclasses.is_dataclass(c.mixed_precision)  # the preset is resolved, not left as a name
     assert c.optimizer.lr == recipe.optimizer.lr
+    assert c.checkpoint.ckpt_format == "torch_dist"  # every save its own folder (docs/megatron_cpu.md)
     assert c.scheduler.start_weight_decay == c.scheduler.end_weight_decay == recipe.optimizer.weight_decay
     is_adam = recipe.optimizer.name == "adamw"
     assert c.ddp.use_distributed_optimizer is is_adam

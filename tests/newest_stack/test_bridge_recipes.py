@@ -104,6 +104,7 @@ def test_recipe_builds_and_validates(name, bridge, hf_configs, monkeypatch):
         recipe.trainer.global_batch_size, recipe.trainer.micro_batch_size, recipe.trainer.max_steps)
     assert c.model.num_layers == recipe.model.num_layers and c.model.hidden_size == recipe.model.hidden_size
     assert c.model.num_moe_experts == recipe.model.num_experts
+    assert c.checkpoint.ckpt_format == "torch_dist"  # every save its own folder (docs/megatron_cpu.md)
     assert c.scheduler.start_weight_decay == c.scheduler.end_weight_decay == recipe.optimizer.weight_decay
     is_adam = recipe.optimizer.name == "adamw"
     # engine 'nemo_muon' on Bridge 0.6: DDP on the cost layout (reduce-scatter, all-gather in the next forward)
