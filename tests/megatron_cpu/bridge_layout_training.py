@@ -6,6 +6,7 @@ bytes each rank sends per step, DP replicas, the owners Megatron derived from th
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 from typing import Any
 
 from tests.megatron_cpu.layout_training import _layer_wise, counting_collectives
@@ -21,10 +22,28 @@ from tests.megatron_cpu.training import (
 )
 
 
-def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spec_name: str, steps: int,
-                                     cost_layout: bool, optimizer_name: str = "muon") -> dict[str, Any]:
+@dataclass
+class BridgeSetup:
+    """What Bridge's own model and optimizer setup built for the tiny model (inside `megatron_parallel`)."""
+
+    ddp_model: Any
+    optimizer: Any
+    scheduler: Any
+    """Bridge's `OptimizerParamScheduler` (``setup_optimizer``'s)."""
+    spec: Any
+    model_config: Any
+    optim_config: Any
+    scheduler_config: Any
+    ddp_config: Any
+    planner: Any
+    """The cost-layout planner (`bridge_layout.install`), None on Megatron's legacy layer-wise path."""
+
+
+def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: str = "muon") -> BridgeSetup:
+    """Inside `megatron_parallel`: the tiny model through a Bridge model provider's ``provide_distributed_model``
+    (with the product's cost-layout wiring when ``cost_layout``) and Bridge's ``setup_optimizer`` on the product's
+    optimizer config, with a constant-lr scheduler over ``steps`` steps."""
     import torch
-    import torch.distributed as dist
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -34,43 +53,57 @@ def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spe
     from nemo_muon.megatron.optimizer_config import ddp_flags, to_megatron_optimizer_config
     from tests.megatron_cpu.te_stub import bridge_imports_without_te
 
+    bridge_imports_without_te()
+    from megatron.bridge.models.model_provider import ModelProviderMixin
+    from megatron.bridge.training.config import DistributedDataParallelConfig, SchedulerConfig
+    from megatron.bridge.training.config import _validate_and_sync_distributed_optimizer_settings as sync
+    from megatron.bridge.training.optim import setup_optimizer
+
+    model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
+    torch.manual_seed(SEED)
+    model, config, spec = _model(spec_name)
+    opt = optimizer_config(optimizer_name)
+
+    class TinyProvider(ModelProviderMixin):
+        def provide(self, pre_process=None, post_process=None, vp_stage=None):  # noqa: ANN001, ANN202
+            return model
+
+        def finalize(self) -> None: ...
+
+    provider = TinyProvider()
+    flags = ddp_flags(opt, cost_layout=cost_layout)
+    ddp_config = DistributedDataParallelConfig(**{**ddp_config_kwargs(opt), **flags,
+                                                  "overlap_param_gather": flags["use_distributed_optimizer"]})
+    planner = bridge_layout.install(provider, opt) if cost_layout else None
+    _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0)
+    optim_config = bridge_optimizer_config(opt, mapping)
+    sync(types.SimpleNamespace(ddp=ddp_config, optimizer=optim_config))  # what ConfigContainer.validate() runs
+    optim_config.finalize()
+    pgs = mpu_process_groups()
+    (ddp_model,) = provider.provide_distributed_model(ddp_config=ddp_config, pg_collection=pgs,
+                                                      use_cpu_initialization=True, data_parallel_random_init=True)
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = ddp_model.no_sync
+    scheduler_config = SchedulerConfig(lr_decay_style="constant", start_weight_decay=0.0, end_weight_decay=0.0,
+                                       weight_decay_incr_style="constant")
+    scheduler_config.lr_warmup_steps, scheduler_config.lr_decay_steps = 0, steps
+    scheduler_config.wd_incr_steps = steps
+    optimizer, scheduler = setup_optimizer(optim_config, scheduler_config, [ddp_model], use_gloo_process_groups=False)
+    return BridgeSetup(ddp_model, optimizer, scheduler, spec, config, optim_config, scheduler_config, ddp_config,
+                       planner)
+
+
+def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spec_name: str, steps: int,
+                                     cost_layout: bool, optimizer_name: str = "muon") -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from nemo_muon.megatron import bridge_layout
+
     with megatron_parallel() as parallel_state:
-        bridge_imports_without_te()
-        from megatron.bridge.models.model_provider import ModelProviderMixin
-        from megatron.bridge.training.config import DistributedDataParallelConfig, SchedulerConfig
-        from megatron.bridge.training.config import _validate_and_sync_distributed_optimizer_settings as sync
-        from megatron.bridge.training.optim import setup_optimizer
-
-        model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
-        torch.manual_seed(SEED)
-        model, config, spec = _model(spec_name)
-        opt = optimizer_config(optimizer_name)
-
-        class TinyProvider(ModelProviderMixin):
-            def provide(self, pre_process=None, post_process=None, vp_stage=None):  # noqa: ANN001, ANN202
-                return model
-
-            def finalize(self) -> None: ...
-
-        provider = TinyProvider()
-        flags = ddp_flags(opt, cost_layout=cost_layout)
-        ddp_config = DistributedDataParallelConfig(**{**ddp_config_kwargs(opt), **flags,
-                                                      "overlap_param_gather": flags["use_distributed_optimizer"]})
-        planner = bridge_layout.install(provider, opt) if cost_layout else None
-        _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0)
-        optim_config = bridge_optimizer_config(opt, mapping)
-        sync(types.SimpleNamespace(ddp=ddp_config, optimizer=optim_config))  # what ConfigContainer.validate() runs
-        optim_config.finalize()
-        pgs = mpu_process_groups()
-        (ddp_model,) = provider.provide_distributed_model(ddp_config=ddp_config, pg_collection=pgs,
-                                                          use_cpu_initialization=True, data_parallel_random_init=True)
-        config.finalize_model_grads_func = finalize_model_grads
-        config.no_sync_func = ddp_model.no_sync
-        scheduler_config = SchedulerConfig(lr_decay_style="constant", start_weight_decay=0.0, end_weight_decay=0.0,
-                                           weight_decay_incr_style="constant")
-        scheduler_config.lr_warmup_steps, scheduler_config.lr_decay_steps = 0, steps
-        scheduler_config.wd_incr_steps = steps
-        optimizer, _ = setup_optimizer(optim_config, scheduler_config, [ddp_model], use_gloo_process_groups=False)
+        setup = bridge_setup(spec_name, steps, cost_layout, optimizer_name)
+        ddp_model, optimizer, spec, planner = setup.ddp_model, setup.optimizer, setup.spec, setup.planner
+        ddp_config = setup.ddp_config
         dp_rank = parallel_state.get_data_parallel_rank()
         micro = max(GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size(), 1)
         losses, sent = [], []
