@@ -6,9 +6,11 @@ Torch-free: runs on a laptop or a login node. The counting rules are in docs/flo
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
+from nemo_muon.launchers.bounded_yaml import MAX_MESSAGE, cut, load_yaml_file
 from nemo_muon.launchers.cli_types import FINITE_POSITIVE
 
 from nemo_muon.config.limits import MAX_WORLD_SIZE
@@ -99,6 +101,17 @@ def _step_time_lines(st: dict[str, Any] | None, gpu: str) -> list[str]:
     return lines
 
 
+def _load_gpu_peaks_file(path: Path) -> None:
+    """Register every GPU of a --gpu-peaks file, read as bounded YAML (`bounded_yaml.load_yaml_file`), all or none
+    (`gpu_peaks.register_gpu_peaks`): each ValueError one line naming the file."""
+    from nemo_muon.accounting.gpu_peaks import register_gpu_peaks
+
+    try:
+        register_gpu_peaks(load_yaml_file(path), where=str(path))
+    except ValueError as e:
+        raise ValueError(cut(str(e), MAX_MESSAGE)) from None
+
+
 @click.command("plan")
 @click.option("--recipe", "recipe_name", required=True, help="Recipe name (list them with `nemo-muon recipes`).")
 @click.option("--gpus", type=click.IntRange(min=1, max=MAX_WORLD_SIZE), default=None,
@@ -124,12 +137,12 @@ def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | N
     """Validate a recipe's layout and print what Muon will cost on each rank, before launching it."""
     from nemo_muon.recipes.execute import build_recipe
 
-    from nemo_muon.accounting.gpu_peaks import known_gpus, load_gpu_peaks
+    from nemo_muon.accounting.gpu_peaks import known_gpus
     from nemo_muon.accounting.planner import plan_recipe
 
     try:
         if gpu_peaks:
-            load_gpu_peaks(gpu_peaks)
+            _load_gpu_peaks_file(Path(gpu_peaks))
         if gpu is not None and gpu.lower() not in known_gpus():
             raise ValueError(f"--gpu must be one of {tuple(known_gpus())} (or add it with --gpu-peaks); got {gpu!r}")
         recipe = build_recipe(recipe_name, list(overrides))  # the one validation launch and --dryrun run

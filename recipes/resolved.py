@@ -246,4 +246,7 @@ def read_document(path: str | Path) -> dict[str, Any]:
                          f"({e.strerror or e})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"--recipe-file must be a JSON {FORMAT} document; got {str(path)!r} ({e})") from None
+    except RecursionError:  # json's decoder recurses once per nested [ or {
+        raise ValueError(f"--recipe-file must be a JSON {FORMAT} document (a few levels deep); got {str(path)!r} "
+                         "(nested too deeply to parse)") from None
     return data

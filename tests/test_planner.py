@@ -139,8 +139,13 @@ def test_gpu_peak_table_functions(tmp_path):
     f.write_text("test_gpu_b: {bf16: 50, fp8: 100, source: lab sheet}\n")
     assert load_gpu_peaks(f) == ["test_gpu_b"] and gpu_peak("test_gpu_b").bf16 == 50
     f.write_text("test_gpu_c: {bf16: 50}\n")
-    with pytest.raises(ValueError, match="entry 'test_gpu_c' must be a mapping with keys bf16, fp8"):
+    with pytest.raises(ValueError, match=r"peaks.yaml: test_gpu_c must be a mapping with keys bf16, fp8 \(and source\); "
+                                         r"got \{'bf16': 50\}"):
         load_gpu_peaks(f)
+    f.write_text("test_gpu_d: {bf16: 50, fp8: 100}\ntest_gpu_e: [\n")
+    with pytest.raises(ValueError, match=r"gpu peak file .*peaks.yaml must be a readable YAML file; got \(ParserError"):
+        load_gpu_peaks(f)
+    assert "test_gpu_d" not in known_gpus()  # all or none
     with pytest.raises(ValueError, match="gpu must be one of"):
         gpu_peak("tpu")
     with pytest.raises(ValueError, match=r"gpu_peak\[x\].bf16 must be a number in \(0.0, inf\)"):

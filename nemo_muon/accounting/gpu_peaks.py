@@ -7,10 +7,12 @@ Hopper/Blackwell tensor cores; dense is half of it. Extend it with ``register_gp
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from nemo_muon._validation import check_positive_int, check_range, fail
+from nemo_muon._validation import check_positive_int, check_range, fail, shown
 
 PEAK_PRECISIONS: tuple[str, ...] = ("bf16", "fp8")
 _PRECISION_OF_RECIPE = {"bf16": "bf16", "fp8_cs": "fp8", "mxfp8": "fp8"}
@@ -77,21 +79,48 @@ def known_gpus() -> list[str]:
     return sorted(_PEAKS)
 
 
+GPU_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A GPU name a peak file may add."""
+PEAK_FILE_KEYS = ("bf16", "fp8", "source")
+
+
+def register_gpu_peaks(data: Any, *, where: str, replace: bool = True) -> list[str]:
+    """Register every GPU of a parsed peak file ``{name: {bf16: TFLOP/s, fp8: TFLOP/s, source: text}}`` (``where``:
+    the file, first in every error), all or none; returns the names. Raises a one-line ValueError naming the entry,
+    the value and what is allowed."""
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{where}: (top level) must be a mapping of GPU name -> {{bf16: TFLOP/s, fp8: TFLOP/s, "
+                         f"source: text}}; got {shown(data)}")
+    peaks = []
+    for name, entry in data.items():
+        if isinstance(name, bool) or not isinstance(name, (str, int)) or not GPU_NAME.fullmatch(str(name)):
+            raise ValueError(f"{where}: GPU name must be 1-64 letters, digits, '_', '.', '-'; got {shown(name)}")
+        if not isinstance(entry, dict) or set(entry) - set(PEAK_FILE_KEYS) or not {"bf16", "fp8"} <= set(entry):
+            raise ValueError(f"{where}: {name} must be a mapping with keys bf16, fp8 (and source); got {shown(entry)}")
+        source = entry.get("source", "")
+        if not isinstance(source, str):
+            raise ValueError(f"{where}: {name}.source must be a string; got {shown(source)}")
+        try:
+            peaks.append(GpuPeak(str(name), entry["bf16"], entry["fp8"], source))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    for peak in peaks:
+        register_gpu_peak(peak, replace=replace)
+    return [p.name for p in peaks]
+
+
 def load_gpu_peaks(path: str | Path, *, replace: bool = True) -> list[str]:
-    """Register every GPU of a YAML file ``{name: {bf16: .., fp8: .., source: ..}}``; returns the names."""
+    """Register every GPU of a YAML file ``{name: {bf16: .., fp8: .., source: ..}}`` (`register_gpu_peaks`);
+    returns the names. A file that cannot be read or parsed is a one-line ValueError naming it."""
     import yaml
 
-    data = yaml.safe_load(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise fail(f"gpu peak file {path}", type(data).__name__, "a mapping of GPU name -> {bf16, fp8, source}")
-    names = []
-    for name, entry in data.items():
-        if not isinstance(entry, dict) or set(entry) - {"bf16", "fp8", "source"} or not {"bf16", "fp8"} <= set(entry):
-            raise fail(f"gpu peak file {path}: entry {name!r}", entry, "a mapping with keys bf16, fp8 (and source)")
-        register_gpu_peak(GpuPeak(str(name), entry["bf16"], entry["fp8"], str(entry.get("source", ""))),
-                          replace=replace)
-        names.append(str(name))
-    return names
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise ValueError(f"gpu peak file {path} must be a readable YAML file; got ({type(e).__name__}: {reason})") \
+            from None
+    return register_gpu_peaks(data, where=f"gpu peak file {path}", replace=replace)
 
 
 def peak_precision_of(recipe_precision: str) -> str | None:

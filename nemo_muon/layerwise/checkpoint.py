@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_muon._validation import check_positive_int
+from nemo_muon._validation import check_positive_int, shown
 from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 
 FORMAT = "nemo_muon.layerwise.checkpoint/1"
@@ -245,7 +245,33 @@ def _read_manifest(path: Path) -> dict[str, Any]:
            if not isinstance(manifest.get(k), kind)]
     if bad:
         raise CheckpointError(f"{path}: manifest.json lacks or mangles {bad}; {fix}")
+    if problem := _manifest_entry_problem(manifest):
+        raise CheckpointError(f"{mf}: {problem}; {fix}")
     return manifest
+
+
+def _manifest_entry_problem(manifest: dict[str, Any]) -> str | None:
+    """What is wrong with an entry of the manifest's tables, or None (the loader indexes them without checks)."""
+    def is_file_name(name: Any) -> bool:  # a file of this folder: no path
+        return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+    for name, digest in manifest["files"].items():
+        if not is_file_name(name) or not isinstance(digest, str):
+            return f"files.{_brief(name)[:80]} must map a file name to its SHA-256 hex string; got {shown(digest)}"
+    for name, entry in manifest["params"].items():
+        ok = (isinstance(entry, dict) and isinstance(entry.get("dtype"), str) and isinstance(entry.get("sha256"), str)
+              and isinstance(entry.get("shape"), list)
+              and all(type(d) is int and d >= 0 for d in entry["shape"]))
+        if not ok:
+            return (f"params.{_brief(name)[:80]} must be {{'shape': [non-negative integers], 'dtype': str, 'sha256': str}}; "
+                    f"got {shown(entry)}")
+    for name, owned in manifest["shards"].items():
+        if not is_file_name(name) or not isinstance(owned, list) or not all(isinstance(n, str) for n in owned):
+            return f"shards.{_brief(name)[:80]} must map a shard file name to a list of parameter names; got {shown(owned)}"
+    for name, digests in manifest["optimizer_state"].items():
+        if not isinstance(digests, dict):
+            return f"optimizer_state.{_brief(name)[:80]} must be an object of state names to digests; got {shown(digests)}"
+    return None
 
 
 def _load_verified(path: Path, name: str, manifest: dict[str, Any]) -> Any:
@@ -266,9 +292,27 @@ def _load_verified(path: Path, name: str, manifest: dict[str, Any]) -> Any:
         raise CheckpointError(f"checkpoint file {f} holds more than tensors and plain containers{what}: refused "
                               "without unpickling it (a nemo_muon checkpoint is data only; this file was not "
                               "written by nemo_muon or was modified after the save)") from None
-    except (RuntimeError, EOFError, ValueError) as e:
-        raise CheckpointError(f"checkpoint file {f} cannot be read as a torch file ({e}); move the folder "
-                              "aside") from None
+    except (RuntimeError, EOFError, ValueError, OSError) as e:
+        raise CheckpointError(f"checkpoint file {f} cannot be read as a torch file ({_brief(str(e))})"
+                              "; move the folder aside") from None
+
+
+def _brief(value: Any) -> str:
+    """``value`` for a one-line message: a str as is, anything else as `shown` (a repr), cut and on one line."""
+    return " ".join((value if isinstance(value, str) else shown(value))[:300].split())
+
+
+def _check_params(params: Any, model: torch.nn.Module, f: Path) -> None:
+    """Refuse a model.pt that is not every parameter of ``model`` by name, with its shape and dtype."""
+    if not isinstance(params, dict):
+        raise CheckpointError(f"checkpoint file {f} must hold a dict of parameter name -> tensor; got a "
+                              f"{type(params).__name__}; move the folder aside")
+    for n, p in model.named_parameters():
+        t = params.get(n)
+        if not torch.is_tensor(t) or t.shape != p.shape or t.dtype != p.dtype:
+            got = f"a tensor {list(t.shape)} {t.dtype}" if torch.is_tensor(t) else _brief(t)
+            raise CheckpointError(f"checkpoint file {f}: {n} must be a tensor {list(p.shape)} {p.dtype} (the "
+                                  f"manifest's); got {got}; move the folder aside")
 
 
 def _check_same_model(model: torch.nn.Module, manifest: dict[str, Any], path: Path) -> None:
@@ -294,7 +338,11 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimi
     _check_same_model(model, manifest, path)
     optimizer.finish_param_gather()  # an in-flight gather must not overwrite the loaded weights (Megatron-LM #6920)
     params = _load_verified(path, "model.pt", manifest)
+    _check_params(params, model, path / "model.pt")
     extra = _load_verified(path, "extra.pt", manifest)
+    if not isinstance(extra, dict):
+        raise CheckpointError(f"checkpoint file {path / 'extra.pt'} must hold a dict (the saved extra); got a "
+                              f"{type(extra).__name__}; move the folder aside")
     error: str | None = None
     try:  # each rank reads only the shards it needs, so a bad shard may fail on some ranks only
         merged = _read_shards(path, manifest, set(optimizer.state_names))
@@ -308,7 +356,14 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimi
         for n, p in model.named_parameters():
             p.copy_(params[n])
     if merged:
-        optimizer.load_state_dict(merged)
+        try:  # a shard's contents (hashed, not yet checked) may still not fit this optimizer
+            optimizer.load_state_dict(merged)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError) as e:
+            error = (f"checkpoint {path}: the optimizer state in {sorted(manifest['shards'])} does not fit this "
+                     f"optimizer ({type(e).__name__}: {_brief(str(e))}); move the folder aside")
+    errors = [e for e in _gather_objects(error, group) if e is not None]
+    if errors:
+        raise CheckpointError(errors[0])
     bad = _gather_objects(_verify(model, optimizer, manifest)[:10], group)  # every rank raises the same error
     if any(bad):
         found = {f"rank {r}": names for r, names in enumerate(bad) if names}
@@ -323,6 +378,10 @@ def _read_shards(path: Path, manifest: dict[str, Any], mine: set[str]) -> dict[s
     for shard_file, owned in sorted(manifest["shards"].items()):
         if mine & set(owned):
             shard = _load_verified(path, shard_file, manifest)
+            if not (isinstance(shard, dict) and isinstance(shard.get("state"), dict)
+                    and isinstance(shard.get("masters"), dict)):
+                raise CheckpointError(f"checkpoint file {path / shard_file} must hold an optimizer shard (a dict with "
+                                      f"'state' and 'masters' dicts); got {_brief(shard)}; move the folder aside")
             if not merged:
                 merged = {**shard, "state": {}, "masters": {}}
             merged["state"].update({n: v for n, v in shard["state"].items() if n in mine})

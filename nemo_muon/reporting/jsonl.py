@@ -15,7 +15,10 @@ _TRAIN_FIELDS = ("loss", "lr", "grad_norm", "tokens", "step_time_s", "optimizer_
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float range: not a metric value
+        return None
 
 
 def _count(value: Any) -> int | None:
