@@ -24,7 +24,7 @@ MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provid
 	test_install_beside_container.py test_bridge_layout.py) $(addprefix tests/megatron_cpu/test_megatron_training.py::,\
 	test_tiny_model_trains_through_megatron test_megatron_checkpoint_resume_continues_the_loss_curve \
 	test_layer_wise_checkpoint_resumes_at_another_data_parallel_size) tests/megatron_cpu/test_cost_layout.py \
-	tests/megatron_cpu/test_optimizer_state_checkpoint.py
+	tests/megatron_cpu/test_optimizer_state_checkpoint.py $(NEWEST_TESTS)/test_bridge_checkpoint.py
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
 # Tests of the newest stack (Bridge >= 0.4's extension point) live here and run only there.

@@ -30,6 +30,8 @@ def rank_context() -> BaseContext:
 
 
 def run_distributed(fn: Callable, world_size: int, args: Sequence[Any] = (), timeout_s: float = 180.0,
-                    daemon: bool = True) -> list[Any]:
-    """Run ``fn(rank, world_size, group, *args)`` on ``world_size`` gloo ranks; return the results by rank."""
-    return spawn_ranks(fn, world_size, args, timeout_s=timeout_s, daemon=daemon, context=rank_context())
+                    daemon: bool = True, collective_timeout_s: float | None = None) -> list[Any]:
+    """Run ``fn(rank, world_size, group, *args)`` on ``world_size`` gloo ranks; return the results by rank.
+    ``collective_timeout_s``: how long a collective waits for a stalled or dead rank (default: spawn's)."""
+    extra = {} if collective_timeout_s is None else {"collective_timeout_s": collective_timeout_s}
+    return spawn_ranks(fn, world_size, args, timeout_s=timeout_s, daemon=daemon, context=rank_context(), **extra)
