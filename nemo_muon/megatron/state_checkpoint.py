@@ -166,17 +166,23 @@ def _checkpoint_class(base: type) -> type:
     return WithOwnStateCheckpoint
 
 
-_CHECKPOINT_CLASSES: dict[type, type] = {}
+_SWITCHED_CLASSES: dict[type, type] = {}
+"""A Megatron class -> its subclass here (one per class, made on first use)."""
+
+
+def _switch_class(obj: Any, make_subclass: Any) -> None:
+    """Switch ``obj`` to ``make_subclass(type(obj))`` (same layout: only methods differ); idempotent."""
+    base = type(obj)
+    if base in _SWITCHED_CLASSES.values():
+        return
+    if base not in _SWITCHED_CLASSES:
+        _SWITCHED_CLASSES[base] = make_subclass(base)
+    obj.__class__ = _SWITCHED_CLASSES[base]
 
 
 def adopt_wrapper(wrapper: Any) -> None:
     """Switch one Megatron wrapper of our optimizer to its own-state checkpointing subclass (idempotent)."""
-    base = type(wrapper)
-    if base in _CHECKPOINT_CLASSES.values():
-        return
-    if base not in _CHECKPOINT_CLASSES:
-        _CHECKPOINT_CLASSES[base] = _checkpoint_class(base)
-    wrapper.__class__ = _CHECKPOINT_CLASSES[base]
+    _switch_class(wrapper, _checkpoint_class)
 
 
 def _file_guard_class(base: type) -> type:
@@ -211,9 +217,4 @@ def inside_checkpoint_folder(path: str | os.PathLike[str]) -> bool:
 
 def guard_layer_wise_file(optimizer: Any) -> None:
     """Switch a Megatron layer-wise optimizer to writing its torch-format file only inside a checkpoint folder."""
-    base = type(optimizer)
-    if base in _CHECKPOINT_CLASSES.values():
-        return
-    if base not in _CHECKPOINT_CLASSES:
-        _CHECKPOINT_CLASSES[base] = _file_guard_class(base)
-    optimizer.__class__ = _CHECKPOINT_CLASSES[base]
+    _switch_class(optimizer, _file_guard_class)
