@@ -68,6 +68,13 @@ def test_report_bad_paths_are_usage_errors(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(main, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "no metrics.jsonl" in result.output and "Traceback" not in result.output
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "metrics.jsonl").write_text('{"loss": 1.0}\n[1, 2]\nnot json\n')  # lines, but no record of a run
+    result = CliRunner().invoke(main, ["report", str(garbage), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{garbage / 'metrics.jsonl'} must hold nemo-muon metrics records" in result.output
+    assert "got 3 lines and none of them is one" in result.output and not (tmp_path / "o").exists()
     log = _megatron_log(tmp_path / "x.log", [1.0], 1.0, [1.0])
     result = CliRunner().invoke(main, ["report", str(log), "--recipe", "nope", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "--recipe must be one of" in result.output

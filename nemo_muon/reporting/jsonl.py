@@ -78,7 +78,12 @@ def parse_metrics_jsonl(text: str, *, name: str, source: Path) -> RunLog:
 
 
 def read_metrics_jsonl(path: Path, *, name: str | None = None) -> RunLog:
-    """Read a metrics.jsonl file (name defaults to its folder's name)."""
+    """Read a metrics.jsonl file (name defaults to its folder's name). A file with lines but not one record of a
+    run (no header, step, validation or stop record) is not a run's metrics: a ValueError naming it."""
     path = Path(path)
     text = path.read_text(encoding="utf-8", errors="replace")
-    return parse_metrics_jsonl(text, name=name or path.parent.name or path.stem, source=path)
+    run = parse_metrics_jsonl(text, name=name or path.parent.name or path.stem, source=path)
+    if run.skipped_lines and not run.header and not run.stop and not run.train and not run.val:
+        raise ValueError(f"{path} must hold nemo-muon metrics records (JSON objects with event run / train / val / "
+                         f"stop, one per line); got {run.skipped_lines} lines and none of them is one")
+    return run
