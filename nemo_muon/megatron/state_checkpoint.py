@@ -6,11 +6,11 @@ state is shaped like the parameter) and keep one ``step`` common to all paramete
 eigenbases (m x m, n x n), its full-size moments under tensor parallelism and NorMuon's row / column second moments are
 not shaped like the parameter, and SOAP's ``step`` belongs to each matrix.
 
-`adopt_wrappers` switches each wrapper holding one of our optimizers to a subclass that checkpoints the state like
+`adopt_wrapper` switches each wrapper holding one of our optimizers to a subclass that checkpoints the state like
 this:
 
 * every state tensor shaped like the parameter, as Megatron does (``optimizer.state.<key>.<param key>``);
-* every other state tensor ``step`` included, as a `ShardedTensor` of its own, keyed by the state key and the
+* every other state tensor, ``step`` included, as a `ShardedTensor` of its own, keyed by the state key and the
   parameter's checkpoint key (``optimizer.state.nemo_muon.<key>.<param key>``), with one leading axis per axis the
   parameter is fragmented along (layers, experts, tensor-parallel shards) and the parameter's replica id.
 
