@@ -11,6 +11,7 @@ of Megatron-Core, Bridge or NeMo:
 * `bridge_layout`: that layout inside Megatron-Bridge 0.5 / 0.6's own DDP wrap (a pinned hook point);
 * `state_checkpoint`: our optimizers' state of any shape through Megatron's ``dist_checkpointing`` (keyed by parameter);
 * `checkpoint_files`: a checkpoint with a missing or truncated file refused by name before a resume reads it;
+* `class_switch`: an object Megatron built, switched to a same-named subclass of its own class;
 * `nonfinite`: the skip / raise decision on the global gradient norm (engine 'nemo_muon');
 * `bridge_provider`: that engine in Megatron-Bridge >= 0.4, through ``OptimizerConfig.provide()`` (imports Bridge);
 * `bridge_hook`: that engine in Megatron-Bridge 0.3 (NGC 26.02), by rebinding one name of its optimizer setup;
@@ -29,7 +30,7 @@ from typing import Any
 SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_layout", "bridge_perf_recipes", "bridge_presets",
                                "bridge_provider", "build", "model_config", "nemo2", "nonfinite", "optimizer_config",
                                "checkpoint_files", "cost_balanced", "cost_layout", "recipe_rules", "registration",
-                               "stack", "state_checkpoint")
+                               "stack", "state_checkpoint", "class_switch")
 
 
 def __getattr__(name: str) -> Any:

@@ -12,12 +12,15 @@ A file of the right length with flipped bytes is found only by a hash (Megatron-
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from nemo_muon.layerwise.checkpoint import CheckpointError
 
 INDEX_FILE = ".metadata"
 """PyTorch DCP's index of a torch_dist checkpoint folder."""
+CHECKPOINT_FOLDER = re.compile(r"^(iter_\d{7}|release)$")
+"""One checkpoint's own folder under a Megatron / Bridge save root."""
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 """Megatron's pointer to the latest complete save under a save root (Megatron-Bridge writes it too)."""
 
@@ -67,6 +70,11 @@ def latest_iteration_folder(save_root: str | os.PathLike[str]) -> Path | None:
         raise CheckpointError(f"checkpoint tracker {tracker} holds {text!r}; expected an iteration number or "
                               "'release'")
     return root / f"iter_{int(text):07d}"
+
+
+def inside_checkpoint_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` lies inside one checkpoint's own folder (`CHECKPOINT_FOLDER`)."""
+    return any(CHECKPOINT_FOLDER.match(part) for part in Path(path).parent.parts)
 
 
 def check_resume_folder(save_root: str | os.PathLike[str]) -> Path | None:

@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 from nemo_muon.config.optimizer import NONFINITE_POLICIES
+from nemo_muon.megatron.class_switch import same_identity, switch_class
 
 
 def _policy_class(base: type) -> type:
@@ -49,9 +50,7 @@ def _policy_class(base: type) -> type:
             self.skipped_nonfinite_steps += 1
             return False
 
-    WithNonFinitePolicy.__name__, WithNonFinitePolicy.__qualname__ = base.__name__, base.__qualname__
-    WithNonFinitePolicy.__module__, WithNonFinitePolicy.__doc__ = base.__module__, base.__doc__
-    return WithNonFinitePolicy
+    return same_identity(WithNonFinitePolicy, base)
 
 
 _POLICY_CLASSES: dict[type, type] = {}
@@ -64,10 +63,6 @@ def apply_nonfinite_policy(optimizer: Any, policy: str) -> Any:
     builder of >= 0.18 constructs the object, so it is specialised after construction)."""
     if policy not in NONFINITE_POLICIES:
         raise ValueError(f"optimizer.nonfinite must be one of {NONFINITE_POLICIES}; got {policy!r}")
-    base = type(optimizer)
-    if base not in _POLICY_CLASSES.values():
-        if base not in _POLICY_CLASSES:
-            _POLICY_CLASSES[base] = _policy_class(base)
-        optimizer.__class__ = _POLICY_CLASSES[base]
+    switch_class(optimizer, _policy_class, _POLICY_CLASSES)
     optimizer.nonfinite_policy = policy
     return optimizer

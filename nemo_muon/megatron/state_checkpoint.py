@@ -30,22 +30,20 @@ folder.
 from __future__ import annotations
 
 import logging
-import os
-import re
 from collections.abc import Iterable
 from itertools import chain
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from nemo_muon.megatron.checkpoint_files import inside_checkpoint_folder
+from nemo_muon.megatron.class_switch import same_identity, switch_class
 
 logger = logging.getLogger(__name__)
 
 OWN_STATE_KEY = "nemo_muon_state"
 """Where the state Megatron cannot shard sits in the wrapper's (sharded) state dict, next to ``state``: param index
 (the optimizer's own numbering) -> state key -> tensor."""
-CHECKPOINT_FOLDER = re.compile(r"^(iter_\d{7}|release)$")
-"""A Megatron / Bridge checkpoint's own folder under the save root."""
 KEY_PREFIX = "optimizer.state.nemo_muon"
 """Checkpoint keys of that state: ``<prefix>.<state key>.<the parameter's checkpoint key>``."""
 
@@ -161,28 +159,16 @@ def _checkpoint_class(base: type) -> type:
                 p = params[int(index)]
                 self.optimizer.state[p].update({k: v.to(p.device) for k, v in own.items()})
 
-    WithOwnStateCheckpoint.__name__, WithOwnStateCheckpoint.__qualname__ = base.__name__, base.__qualname__
-    WithOwnStateCheckpoint.__module__, WithOwnStateCheckpoint.__doc__ = base.__module__, base.__doc__
-    return WithOwnStateCheckpoint
+    return same_identity(WithOwnStateCheckpoint, base)
 
 
 _SWITCHED_CLASSES: dict[type, type] = {}
-"""A Megatron class -> its subclass here (one per class, made on first use)."""
-
-
-def _switch_class(obj: Any, make_subclass: Any) -> None:
-    """Switch ``obj`` to ``make_subclass(type(obj))`` (same layout: only methods differ); idempotent."""
-    base = type(obj)
-    if base in _SWITCHED_CLASSES.values():
-        return
-    if base not in _SWITCHED_CLASSES:
-        _SWITCHED_CLASSES[base] = make_subclass(base)
-    obj.__class__ = _SWITCHED_CLASSES[base]
+"""A Megatron class -> its subclass here (`class_switch.switch_class`)."""
 
 
 def adopt_wrapper(wrapper: Any) -> None:
     """Switch one Megatron wrapper of our optimizer to its own-state checkpointing subclass (idempotent)."""
-    _switch_class(wrapper, _checkpoint_class)
+    switch_class(wrapper, _checkpoint_class, _SWITCHED_CLASSES)
 
 
 def _file_guard_class(base: type) -> type:
@@ -205,16 +191,9 @@ def _file_guard_class(base: type) -> type:
                             "it (Megatron-Bridge #2307); the checkpoint's own files hold this optimizer state",
                             filename)
 
-    WithFileInCheckpointFolder.__name__, WithFileInCheckpointFolder.__qualname__ = base.__name__, base.__qualname__
-    WithFileInCheckpointFolder.__module__, WithFileInCheckpointFolder.__doc__ = base.__module__, base.__doc__
-    return WithFileInCheckpointFolder
-
-
-def inside_checkpoint_folder(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` lies inside one checkpoint's own folder (``iter_<7 digits>`` or ``release``)."""
-    return any(CHECKPOINT_FOLDER.match(part) for part in Path(path).parent.parts)
+    return same_identity(WithFileInCheckpointFolder, base)
 
 
 def guard_layer_wise_file(optimizer: Any) -> None:
     """Switch a Megatron layer-wise optimizer to writing its torch-format file only inside a checkpoint folder."""
-    _switch_class(optimizer, _file_guard_class)
+    switch_class(optimizer, _file_guard_class, _SWITCHED_CLASSES)

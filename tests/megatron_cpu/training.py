@@ -303,6 +303,18 @@ def _checkpoint_state(ddp_model, optimizer, *, loading: bool) -> dict:
                                                                          metadata=CHECKPOINT_METADATA)}
 
 
+def resume_from(ddp_model, optimizer, checkpoint_dir: str, state_for_load: dict | None = None) -> None:
+    """Megatron's `dist_checkpointing.load` of ``checkpoint_dir`` into the model and the optimizer, as
+    megatron.training resumes (``state_for_load``: the sharded state dict, when the caller built it already)."""
+    from megatron.core import dist_checkpointing
+
+    if state_for_load is None:
+        state_for_load = _checkpoint_state(ddp_model, optimizer, loading=True)
+    loaded = dist_checkpointing.load(state_for_load, checkpoint_dir, **integrity_check())
+    ddp_model.module.load_state_dict(loaded["model"])
+    optimizer.load_state_dict(loaded["optimizer"])
+
+
 def integrity_check() -> dict[str, bool]:
     """``verify_integrity=True`` where `dist_checkpointing.save` / ``load`` have it (Megatron-Core 0.19: a SHA-256
     manifest written on save and checked before anything is read on load); nothing on 0.16, which has none."""
@@ -687,10 +699,7 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             optimizer, checkpointed, scheduler = _nemo2_optimizer(opt, ddp_model, build, steps)
         start = 0
         if resume_at is not None:
-            loaded = dist_checkpointing.load(_checkpoint_state(ddp_model, optimizer, loading=True), checkpoint_dir,
-                                             **integrity_check())
-            ddp_model.module.load_state_dict(loaded["model"])
-            optimizer.load_state_dict(loaded["optimizer"])
+            resume_from(ddp_model, optimizer, checkpoint_dir)
             start = resume_at
         dp_rank = parallel_state.get_data_parallel_rank()
         micro_batches = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
@@ -826,7 +835,6 @@ def attempt_resumes(rank: int, world_size: int, group: Any, attempts: list[tuple
     outcomes = []
     for spec_name, optimizer_name, checkpoint_dir in attempts:
         with megatron_parallel():
-            from megatron.core import dist_checkpointing
 
             run = replica(spec_name, optimizer_name)
             ddp_model, optimizer, names = run.ddp_model, run.optimizer, run.names
@@ -835,9 +843,7 @@ def attempt_resumes(rank: int, world_size: int, group: Any, attempts: list[tuple
             state_for_load = _checkpoint_state(ddp_model, optimizer, loading=True)
             before, error = _state_tensors(ddp_model, optimizer, names), None
             try:
-                loaded = dist_checkpointing.load(state_for_load, checkpoint_dir, **integrity_check())
-                ddp_model.module.load_state_dict(loaded["model"])
-                optimizer.load_state_dict(loaded["optimizer"])
+                resume_from(ddp_model, optimizer, checkpoint_dir, state_for_load)
             except (Exception, CheckpointException) as exc:  # what Megatron raises is the subject of the test
                 error = f"{type(exc).__name__}: {exc}"
             after = _state_tensors(ddp_model, optimizer, names)
@@ -857,16 +863,12 @@ def resumed_weights_against_owners(rank: int, world_size: int, group: Any, spec_
     import torch.distributed as dist
 
     with megatron_parallel():
-        from megatron.core import dist_checkpointing
 
         run = replica(spec_name, optimizer_name)
         ddp_model, optimizer, names = run.ddp_model, run.optimizer, run.names
         params = dict(ddp_model.module.named_parameters())
         fresh = {n: p.detach().clone() for n, p in params.items()}
-        loaded = dist_checkpointing.load(_checkpoint_state(ddp_model, optimizer, loading=True), checkpoint_dir,
-                                         **integrity_check())
-        ddp_model.module.load_state_dict(loaded["model"])
-        optimizer.load_state_dict(loaded["optimizer"])
+        resume_from(ddp_model, optimizer, checkpoint_dir)
         owned = {n: master.detach().to(params[n].dtype) for n, (master, _) in _matrix_masters(optimizer, names).items()}
         everyone: list[dict] = [{} for _ in range(world_size)]
         dist.all_gather_object(everyone, owned, group=group)
