@@ -10,7 +10,7 @@ size, with or without splits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -22,8 +22,15 @@ from nemo_muon.layerwise.pieces import Piece
 def block_groups(plan: OwnershipPlan, dp_group: dist.ProcessGroup,
                  rank: int) -> dict[tuple[int, ...], dist.ProcessGroup]:
     """The block groups this rank (``rank`` in ``dp_group``) belongs to, by their DP-group ranks (module doc)."""
+    return block_groups_of_ways({sp.option.ways for sp in plan.splits.values()}, dp_group, rank)
+
+
+def block_groups_of_ways(ways: Iterable[int], dp_group: dist.ProcessGroup,
+                         rank: int) -> dict[tuple[int, ...], dist.ProcessGroup]:
+    """For each block size in ``ways`` (every rank of ``dp_group`` must pass the same), the aligned block holding
+    this rank (``rank`` in ``dp_group``), by its DP-group ranks."""
     out: dict[tuple[int, ...], dist.ProcessGroup] = {}
-    for k in sorted({sp.option.ways for sp in plan.splits.values()}):
+    for k in sorted(set(ways)):
         ranks = tuple(range(rank // k * k, rank // k * k + k))
         members = [dist.get_global_rank(dp_group, r) for r in ranks]
         out[ranks] = dist.new_group(members, use_local_synchronization=True)

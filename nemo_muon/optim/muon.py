@@ -29,6 +29,7 @@ from nemo_muon.optim.fused import merge_parts, split_parts
 from nemo_muon.optim.ns_iteration import gather_shards, newton_schulz_many
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
 from nemo_muon.optim.routing import FusedLayout, MatrixRule
+from nemo_muon.optim.split_exchange import gather_slices, scatter_slices
 
 
 def muon_scale(out_dim: int, in_dim: int, mode: str) -> float:
@@ -88,6 +89,12 @@ class SplitShare:
     index: int
     ways: int
     dim: int
+    first_holds: bool = False
+    """Only the block's first member holds the matrix (its reduced gradient, momentum and master: Megatron-Core
+    >= 0.18's reduce-scatter layout): it scatters the NS input's slices and gathers the orthogonalized ones
+    (`nemo_muon.optim.split_exchange`); the other members hold no copy and only help (their ``share_split`` names
+    the model's parameter, which their optimizer routes but does not step). False: every member holds the matrix
+    whole with the same gradient and all-gather the update (Megatron-Core 0.16's all-reduce)."""
 
 
 class Muon(RoutedOptimizer):
@@ -148,14 +155,19 @@ class Muon(RoutedOptimizer):
         self._splits: dict[torch.Tensor, SplitShare] = {}
 
     def share_split(self, p: torch.Tensor, share: SplitShare) -> None:
-        """Run ``p``'s Newton–Schulz with the other members of ``share.group`` (each holds ``p`` whole and the same
-        gradient; all step together): the result equals the whole matrix's NS within fp32 rounding, at 1/ways of
-        the m²n FLOPs per member plus the Gram all-reduces and one all-gather of the update (``ns_split``)."""
+        """Run ``p``'s Newton–Schulz with the other members of ``share.group``: every member holds ``p`` whole with the
+        same gradient (``share.first_holds`` False), or the first member alone holds it and the others help
+        (`SplitShare.first_holds`; a helper names the parameter its optimizer routes but does not step). All members
+        step together. The result equals the whole matrix's NS within fp32 rounding, at 1/ways of the m²n FLOPs per
+        member plus the Gram all-reduces and the exchange of slices (``ns_split``)."""
         if self._routes.get(p) is None or self._routes[p].algorithm == "adamw" or p.dim() != 2:
             raise ValueError(f"share_split: parameter {self._names.get(p)!r} must be a 2-D matrix of this optimizer")
         if self.tp_group is not None:
             raise ValueError("share_split needs tp_group=None (a split inside a tensor-parallel shard is not "
                              "supported)")
+        if p.shape[share.dim] % share.ways:
+            raise ValueError(f"share_split: dim {share.dim} of {self._names.get(p)!r} {tuple(p.shape)} must divide "
+                             f"into ways={share.ways} equal slices")
         self._splits[p] = share
 
     def move_split(self, old: torch.Tensor, new: torch.Tensor) -> None:
@@ -173,18 +185,40 @@ class Muon(RoutedOptimizer):
     def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
         """Without TP, one parameter at a time (peak memory: one extra momentum-sized tensor), or all together with
         same-shape matrices stacked (``batch_ns``); with TP, all together so that their collectives are fused.
-        Split matrices (``share_split``) together, after the others."""
+        Split matrices (``share_split``) together, after the others, with the ones this rank helps with."""
         split = [it for it in items if it.param in self._splits]
         whole = [it for it in items if it.param not in self._splits]
         if self.tp_group is None and not self.batch_ns:
             out = [u for it in whole for u in self._orthogonalized([it])]
         else:
             out = self._orthogonalized(whole) if whole else []
-        if not split:
+        helped = self._helped(split)
+        if not split and not helped:
             return out
         by_param = dict(zip((it.param for it in whole), out, strict=True))
-        by_param.update(zip((it.param for it in split), self._split_orthogonalized(split), strict=True))
+        by_param.update(zip((it.param for it in split), self._split_orthogonalized(split, helped), strict=True))
         return [by_param[it.param] for it in items]
+
+    def takes_part_without_updates(self) -> bool:
+        """Whether this rank must step even without a matrix of its own to update: it helps orthogonalize a matrix
+        another member holds (`SplitShare.first_holds`)."""
+        return any(s.first_holds and s.index > 0 for s in self._splits.values())
+
+    def _helped(self, split: list[MatrixItem]) -> list[torch.Tensor]:
+        """The parameters this rank helps with (held by their block's first member); raises for a held split matrix
+        without a gradient (its helpers would wait for it)."""
+        stepped = {it.param for it in split}
+        helped = []
+        for p, share in self._splits.items():
+            if share.first_holds and share.index > 0:
+                if p in stepped:
+                    raise RuntimeError(f"split matrix {self._names.get(p)!r}: member {share.index} of its block steps "
+                                       "it, but only the first member holds it (first_holds)")
+                helped.append(p)
+            elif p not in stepped and share.first_holds and any(p is q for g in self.param_groups for q in g["params"]):
+                raise RuntimeError(f"split matrix {self._names.get(p)!r} has no gradient this step; the other members "
+                                   "of its block would wait for it")
+        return helped
 
     @staticmethod
     def _ns_input(it: MatrixItem) -> list[torch.Tensor]:
@@ -197,25 +231,52 @@ class Muon(RoutedOptimizer):
         u = it.grad.lerp(buf, g["momentum"]) if g["nesterov"] else buf
         return split_parts(u, it.route, it.name)
 
-    def _split_orthogonalized(self, items: list[MatrixItem]) -> list[torch.Tensor]:
+    def _split_orthogonalized(self, items: list[MatrixItem], helped: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each member orthogonalizes its slice of every part (distributed NS over the block), then the block
-        all-gathers the slices: every member gets the whole, identical update."""
-        parts = [self._ns_input(it) for it in items]
-        outs: list[list[torch.Tensor | None]] = [[None] * len(ps) for ps in parts]
+        all-gathers the slices (every member gets the whole, identical update), or, where the first member alone
+        holds the matrix, it scatters the slices and gathers them back. Blocks run in the order of their first
+        matrix by name, matrices by name, so every member issues the same collectives in the same order."""
+        entries = sorted([(self._names[it.param], it.param, it) for it in items]
+                         + [(self._names[p], p, None) for p in helped], key=lambda e: e[0])
+        parts: list[list[torch.Tensor] | None] = []
+        shapes: list[list[torch.Size]] = []
+        for name, p, it in entries:
+            ps = self._ns_input(it) if it is not None else None
+            parts.append(ps)
+            shapes.append([t.shape for t in (ps if ps is not None else split_parts(p.detach(), self._routes[p], name))])
+        outs: list[list[torch.Tensor | None]] = [[None] * len(s) for s in shapes]
         keys: dict[tuple, list[int]] = {}
-        for i, it in enumerate(items):
-            share, g = self._splits[it.param], it.group
-            keys.setdefault((share.group, share.ways, share.index, share.dim, g["ns_steps"], g["coefficients"],
-                             g["ns_precision"]), []).append(i)
-        for (group, ways, index, dim, steps, coeffs, precision), idx in keys.items():
-            where = [(i, j) for i in idx for j in range(len(parts[i]))]
-            slices = [parts[i][j].chunk(ways, dim=dim)[index].contiguous() for i, j in where]
+        for i, (_, p, it) in enumerate(entries):
+            share = self._splits[p]
+            g = it.group if it is not None else self._group_of(p)
+            keys.setdefault((share.group, share.ways, share.index, share.dim, share.first_holds, g["ns_steps"],
+                             g["coefficients"], g["ns_precision"]), []).append(i)
+        for (group, ways, index, dim, first_holds, steps, coeffs, precision), idx in keys.items():
+            where = [(i, j) for i in idx for j in range(len(shapes[i]))]
+            if first_holds:
+                wholes = [parts[i][j] for i, j in where] if index == 0 else None
+                device = entries[idx[0]][1].device
+                slices = scatter_slices(wholes, [shapes[i][j] for i, j in where], [dim] * len(where), group,
+                                        dtype=torch.float32, device=device)
+            else:
+                slices = [parts[i][j].chunk(ways, dim=dim)[index].contiguous() for i, j in where]
             ys = newton_schulz_many(slices, steps, coeffs, tp_group=group, tp_mode="distributed",
                                     partition_dims=[dim] * len(slices), precision=precision)
-            for (i, j), y in zip(where, gather_shards(ys, [dim - 2] * len(ys), group), strict=True):
+            full = (gather_slices(ys, [dim - 2] * len(ys), group) if first_holds
+                    else gather_shards(ys, [dim - 2] * len(ys), group))
+            for (i, j), y in zip(where, full or [], strict=False):
                 outs[i][j] = y
-        return [self._scaled_update(it, outs[i], [(y.shape[-2], y.shape[-1]) for y in outs[i]])
-                for i, it in enumerate(items)]
+        by_param = {p: self._scaled_update(it, outs[i], [(y.shape[-2], y.shape[-1]) for y in outs[i]])
+                    for i, (_, p, it) in enumerate(entries) if it is not None}
+        return [by_param[it.param] for it in items]
+
+    def _group_of(self, p: torch.Tensor) -> dict[str, Any]:
+        """The param group a routed parameter was given in (a helped one is no longer in the groups it is stepped
+        from: its NS settings are the defaults')."""
+        for g in self.param_groups:
+            if any(p is q for q in g["params"]):
+                return g
+        return self.defaults
 
     def _orthogonalized(self, items: list[MatrixItem]) -> list[torch.Tensor]:
         world = 1 if self.tp_group is None else dist.get_world_size(self.tp_group)

@@ -161,6 +161,11 @@ class RoutedOptimizer(torch.optim.Optimizer):
     def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
         raise NotImplementedError
 
+    def takes_part_without_updates(self) -> bool:
+        """Whether a step must run the matrix update even when this rank has no matrix gradient (it takes part in
+        other ranks' collectives); False here."""
+        return False
+
     def _target(self, p: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         """The tensor the update is applied to: the fp32 master copy for low-precision params if enabled."""
         if self.master_weights and p.dtype in _LOW_PRECISION:
@@ -195,7 +200,7 @@ class RoutedOptimizer(torch.optim.Optimizer):
                     self._apply(p, state, update, lr, group["weight_decay"])
                 else:
                     matrix_items.append(MatrixItem(p, grad, state, group, route, self._names[p]))
-        if matrix_items:
+        if matrix_items or self.takes_part_without_updates():
             for item, update in zip(matrix_items, self._matrix_updates(matrix_items), strict=True):
                 if update is None:  # the subclass only built state this step (SOAP's first step)
                     continue
