@@ -51,7 +51,8 @@ def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_
                  config_overrides: Any = None) -> Any:
     """Engine 'nemo_muon' (our Muon / SOAP inside Megatron's layer-wise optimizer) on the installed Megatron-Core:
     the layer-wise assembly on 0.16 / 0.17, the emerging-optimizer registry on >= 0.18 (chosen by ``config``'s
-    fields). ``config``: a Megatron `OptimizerConfig` our mapping wrote from ``opt``; ``config_overrides``: Megatron's
+    fields; there ``ns_split_target`` needs DDP on the cost layout planned with it, whose split matrices get their
+    block shares here). ``config``: a Megatron `OptimizerConfig` our mapping wrote from ``opt``; ``config_overrides``: Megatron's
     per-parameter overrides (Bridge's weight-decay rules)."""
     from nemo_muon.megatron import registration
 
@@ -61,8 +62,14 @@ def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_
                          "optimizer; got None")
     if api_for_fields({f.name for f in dataclasses.fields(config)}) == API_016:
         return registration.build_layer_wise_016(config, model_chunks, pg_collection, config_overrides, ours=opt)
-    return registration.build_layer_wise_018(config, model_chunks, pg_collection, ours=opt,
-                                             config_overrides=config_overrides)
+    optimizer = registration.build_layer_wise_018(config, model_chunks, pg_collection, ours=opt,
+                                                  config_overrides=config_overrides)
+    target = getattr(opt, "ns_split_target", None)
+    if target is not None:  # the matrices DDP's cost layout split over blocks of dp_cp ranks
+        from nemo_muon.megatron.split_shares import attach_split_shares
+
+        attach_split_shares(optimizer, model_chunks, pg_collection, target)
+    return optimizer
 
 
 def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: MegatronOptimizerSpec,

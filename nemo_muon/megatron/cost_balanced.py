@@ -20,8 +20,8 @@ gradient norm and zero count skip the other members' copies, and their checkpoin
 
 Megatron-Core 0.18+ takes ownership from a parameter layout computed when DDP is built
 (``LayerWiseDistributedOptimizer.compute_full_param_layout``, called by ``megatron.training``'s
-``wrap_model_chunks_with_ddp`` before any optimizer exists): the builder cannot choose it there, so 0.18+ keeps
-Megatron's layout.
+``wrap_model_chunks_with_ddp`` before any optimizer exists): there the same plan is laid out by
+`nemo_muon.megatron.cost_layout` (a split matrix held by its block's first rank only).
 """
 
 from __future__ import annotations

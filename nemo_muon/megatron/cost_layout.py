@@ -19,6 +19,13 @@ registry entry's ``matrix.update_cost`` with fused parts, the cost `nemo_muon.me
 - the other buffers (embeddings, norms, biases: Megatron's Adam in its distributed optimizer) keep Megatron's own
   `DistributedOptimizer` layout.
 
+Split ownership (Muon's ``ns_split_target``): `tag_with_costs` attaches each matrix's plan item (`SplitRequest`), and
+the dense matrices are planned together by `plan_ownership` with the target from each rank's expert work, exactly as
+``nemo-muon plan`` plans a stage (one model chunk: the stage when there is no virtual pipeline); every matrix goes to
+the plan's owner (a split one whole to its block's first rank, which alone holds its gradient, master and momentum;
+`LayoutSplit` on the parameter), so the layout is the plan, and the byte tie rule does not apply.
+`nemo_muon.megatron.split_shares` then gives the block's members their shares of the NS.
+
 `wrap_with_cost_layout` is the megatron.training-style wiring (tag the parameters, compute the layout, build DDP).
 Bridge 0.5 / 0.6 wrap DDP themselves (``megatron.training.models.dist_utils._ddp_wrap``); `nemo_muon.megatron.
 bridge_layout` routes their wrap to `tag_with_costs` and `plan_cost_layout`. Process groups are passed explicitly. `check_layout_api` refuses an older Megatron-Core,
@@ -73,14 +80,41 @@ def is_layer_wise_matrix(param: Any) -> bool:
     return bool(is_managed_by_layer_wise_optimizer(param))
 
 
-def update_costs(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -> dict[Any, float]:
-    """param -> its per-step update cost under ``ours`` (the recipe's matrix optimizer config), for every trainable
-    layer-wise matrix of ``model_chunks`` (un-wrapped or Float16-wrapped; ``.config`` is the model's config).
+SPLIT_REQUEST_ATTRIBUTE = "nemo_muon_split_request"
+"""The attribute a layer-wise matrix carries its `SplitRequest` in when the config has ``ns_split_target``."""
+SPLIT_ATTRIBUTE = "nemo_muon_split"
+"""The attribute a matrix the layout splits carries its `LayoutSplit` in (set by `plan_cost_layout`)."""
 
-    The cost is the one `nemo_muon.megatron.cost_balanced` plans with: the registry entry's ``update_cost`` of the
-    parts our optimizer runs (fused QKV / gate-up split as its routes say), asked of an instance of our engine class
-    built on the matrices with the recipe's config (nothing is stepped; no state exists yet)."""
-    from nemo_muon.megatron.cost_balanced import _matrix_item
+
+@dataclasses.dataclass(frozen=True)
+class SplitRequest:
+    """What a Muon config with ``ns_split_target`` asks of the layout for one layer-wise matrix: the balance target
+    and the matrix's plan item (its name, update cost and split options; none for a routed expert)."""
+
+    target: float
+    item: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutSplit:
+    """A matrix whose Newton–Schulz the aligned block ``ranks`` of dp_cp runs (the plan's `SplitPlacement`): the
+    layout puts it whole in the shard of ``ranks[0]``, which holds its gradient, master and momentum; each member
+    orthogonalizes 1/``ways`` of it along ``dim`` (``member_cost`` each)."""
+
+    ranks: tuple[int, ...]
+    ways: int
+    dim: int
+    member_cost: float
+
+
+def plan_items(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -> dict[Any, Any]:
+    """param -> its `PlanItem` under ``ours`` (the recipe's matrix optimizer config), for every trainable layer-wise
+    matrix of ``model_chunks`` (un-wrapped or Float16-wrapped; ``.config`` is the model's config): named as the model
+    names it, costed as `nemo_muon.megatron.cost_balanced` plans (the registry entry's ``update_cost`` of the parts
+    our optimizer runs, asked of an instance of our engine class built on the matrices with the recipe's config;
+    nothing is stepped), with split options where ``ours`` has ``ns_split_target`` and the entry splits (never a
+    routed expert)."""
+    from nemo_muon.megatron.cost_balanced import _matrix_item, _routed_expert
     from nemo_muon.megatron.registration import engine_class_of, engine_kwargs, parameter_names
     from nemo_muon.registry import spec_for
 
@@ -91,19 +125,36 @@ def update_costs(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -> 
     probe = engine_class_of(spec_for(ours))([{"params": matrices}],
                                             **engine_kwargs(ours, rates, list(model_chunks), pg_collection))
     names = parameter_names(model_chunks)
-    return {p: _matrix_item(probe, p, names.get(id(p), "matrix"), False).cost for p in matrices}
+    splits = getattr(ours, "ns_split_target", None) is not None
+    out = {}
+    for k, p in enumerate(matrices):
+        name = names.get(id(p), f"matrix {k}")
+        out[p] = _matrix_item(probe, p, name, splits and not _routed_expert(name))
+    return out
+
+
+def update_costs(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -> dict[Any, float]:
+    """param -> its per-step update cost under ``ours``, for every trainable layer-wise matrix of ``model_chunks``
+    (`plan_items`' costs)."""
+    return {p: item.cost for p, item in plan_items(model_chunks, ours, pg_collection).items()}
 
 
 def tag_with_costs(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -> int:
     """Tag every trainable parameter for DDP's buffer routing (layer-wise matrix or not, Megatron's rule) and each
-    layer-wise matrix with its update cost (`COST_ATTRIBUTE`); returns how many matrices were costed."""
+    layer-wise matrix with its update cost (`COST_ATTRIBUTE`) and, where ``ours`` has ``ns_split_target``, its
+    `SplitRequest` (`SPLIT_REQUEST_ATTRIBUTE`); returns how many matrices were costed."""
     from megatron.core.optimizer.layer_wise_optimizer import tag_params_for_buffer_routing
 
     tag_params_for_buffer_routing(list(model_chunks))
-    costs = update_costs(model_chunks, ours, pg_collection)
-    for p, cost in costs.items():
-        setattr(p, COST_ATTRIBUTE, float(cost))
-    return len(costs)
+    target = getattr(ours, "ns_split_target", None)
+    items = plan_items(model_chunks, ours, pg_collection)
+    for p, item in items.items():
+        setattr(p, COST_ATTRIBUTE, float(item.cost))
+        if target is not None:
+            setattr(p, SPLIT_REQUEST_ATTRIBUTE, SplitRequest(float(target), item))
+        elif hasattr(p, SPLIT_REQUEST_ATTRIBUTE):
+            delattr(p, SPLIT_REQUEST_ATTRIBUTE)
+    return len(items)
 
 
 @dataclasses.dataclass
@@ -111,13 +162,17 @@ class CostLayout:
     """A `FullParamLayout` (``layout``) and the plan it encodes: the owning rank of each layer-wise matrix
     (``owners``: param -> rank in its buffer's group), the cost each rank owns per domain (``loads``: "dense" over
     dp_cp, its expert work included, and "expert" over expt_dp), and the layer-wise buffers' elements with and
-    without padding (``buffer_numel``, ``param_numel``)."""
+    without padding (``buffer_numel``, ``param_numel``); with ``ns_split_target`` the split matrices and the plan."""
 
     layout: Any
     owners: dict[Any, int]
     loads: dict[str, list[float]]
     buffer_numel: int = 0
     param_numel: int = 0
+    splits: dict[Any, LayoutSplit] = dataclasses.field(default_factory=dict)
+    """The matrices split over blocks of dp_cp ranks (param -> `LayoutSplit`; empty without ``ns_split_target``)."""
+    dense_plan: Any = None
+    """The dense matrices' `OwnershipPlan` the layout encodes when it splits (None otherwise)."""
 
     @property
     def padding(self) -> float:
@@ -187,9 +242,11 @@ def _bucket_ranges(params: Sequence[Any], bucket_size: int | None, dp: int) -> l
 
 
 def _layer_wise_buffer(params: Sequence[Any], param_indices: Any, dp: int, ddp_config: Any,
-                       bucket_size: int | None, loads: list[float], owners: dict[Any, int]) -> tuple[Any, int]:
-    """One layer-wise buffer's `PerBufferParamLayout` (and its padded numel): per bucket, owners by `lpt_by_cost`,
-    each owner's matrices whole in its shard (64-aligned starts), shards padded to the largest."""
+                       bucket_size: int | None, loads: list[float], owners: dict[Any, int],
+                       planned: Mapping[Any, int] | None = None) -> tuple[Any, int]:
+    """One layer-wise buffer's `PerBufferParamLayout` (and its padded numel): per bucket, owners by `lpt_by_cost`
+    (or the ``planned`` owner of each matrix: a split plan's, whose loads are already counted), each owner's
+    matrices whole in its shard (64-aligned starts), shards padded to the largest."""
     from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
     from megatron.core.optimizer.param_layout import PerBufferParamLayout, pad_param_start, pad_to_divisor
 
@@ -205,7 +262,8 @@ def _layer_wise_buffer(params: Sequence[Any], param_indices: Any, dp: int, ddp_c
             if not hasattr(p, COST_ATTRIBUTE):
                 raise ValueError(f"layer-wise matrix of shape {tuple(p.shape)} has no update cost "
                                  f"({COST_ATTRIBUTE}): tag the model with tag_with_costs before computing the layout")
-        bucket_owners = lpt_by_cost([getattr(p, COST_ATTRIBUTE) for p in bucket], [p.numel() for p in bucket], loads)
+        bucket_owners = ([planned[p] for p in bucket] if planned is not None else
+                         lpt_by_cost([getattr(p, COST_ATTRIBUTE) for p in bucket], [p.numel() for p in bucket], loads))
         shards: list[list[Any]] = [[] for _ in range(dp)]
         for p, rank in zip(bucket, bucket_owners, strict=True):
             shards[rank].append(p)
@@ -262,6 +320,11 @@ def plan_cost_layout(params: Iterable[Any], bucket_size: int | None, ddp_config:
     loads = {"expert": [0.0] * edp, "dense": [0.0] * dp}
     buffer_numel = param_numel = 0
     dense_started = False
+    dense = [p for key, (ps, _) in groups.items() if key.is_managed_by_layer_wise_optimizer
+             and not key.is_expert_parallel for p in ps]
+    planned: dict[Any, int] | None = None
+    splits: dict[Any, LayoutSplit] = {}
+    dense_plan = None
     for key in sorted(groups, key=lambda k: not k.is_expert_parallel):  # experts first: dense starts from them
         group_params, indices = groups[key]
         size = edp if key.is_expert_parallel else dp
@@ -272,11 +335,48 @@ def plan_cost_layout(params: Iterable[Any], bucket_size: int | None, ddp_config:
         if not key.is_expert_parallel and not dense_started:
             loads["dense"][:] = _dense_start(loads["expert"], pg_collection)
             dense_started = True
+            dense_plan = _split_plan(dense, loads["dense"])
+            if dense_plan is not None:
+                planned, splits = _planned_owners(dense, dense_plan)
+                loads["dense"][:] = dense_plan.flops
         domain = loads["expert" if key.is_expert_parallel else "dense"]
-        layouts[key], numel = _layer_wise_buffer(group_params, indices, size, ddp_config, bucket_size, domain, owners)
+        layouts[key], numel = _layer_wise_buffer(group_params, indices, size, ddp_config, bucket_size, domain, owners,
+                                                 None if key.is_expert_parallel else planned)
         buffer_numel += numel
         param_numel += sum(p.numel() for p in group_params)
-    return CostLayout(FullParamLayout(layouts=layouts), owners, loads, buffer_numel, param_numel)
+    for p in dense:
+        if p in splits:
+            setattr(p, SPLIT_ATTRIBUTE, splits[p])
+        elif hasattr(p, SPLIT_ATTRIBUTE):
+            delattr(p, SPLIT_ATTRIBUTE)
+    return CostLayout(FullParamLayout(layouts=layouts), owners, loads, buffer_numel, param_numel, splits, dense_plan)
+
+
+def _split_plan(dense: Sequence[Any], start: list[float]) -> Any:
+    """The dense matrices' `OwnershipPlan` with split ownership (`plan_ownership` with the requests' target, from
+    each rank's expert work ``start``), or None when no matrix carries a `SplitRequest`."""
+    from nemo_muon.accounting.ownership_plan import plan_ownership
+
+    requests = [getattr(p, SPLIT_REQUEST_ATTRIBUTE, None) for p in dense]
+    if all(r is None for r in requests):
+        return None
+    if any(r is None for r in requests) or len({r.target for r in requests}) != 1:
+        raise ValueError(f"every layer-wise matrix must carry the same split request ({SPLIT_REQUEST_ATTRIBUTE}): "
+                         "tag the whole model with tag_with_costs and one config")
+    return plan_ownership([r.item for r in requests], len(start), "lpt", initial_flops=start,
+                          balance_target=requests[0].target)
+
+
+def _planned_owners(dense: Sequence[Any], plan: Any) -> tuple[dict[Any, int], dict[Any, LayoutSplit]]:
+    """Each dense matrix's owner (a split one's: its block's first rank) and the split ones' `LayoutSplit`."""
+    owners, splits = {}, {}
+    for p in dense:
+        name = getattr(p, SPLIT_REQUEST_ATTRIBUTE).item.name
+        owners[p] = plan.owners[name]
+        sp = plan.splits.get(name)
+        if sp is not None:
+            splits[p] = LayoutSplit(tuple(sp.ranks), sp.option.ways, sp.option.dim, sp.option.cost)
+    return owners, splits
 
 
 def wrap_with_cost_layout(model_chunks: Sequence[Any], config: Any, ddp_config: Any, *, ours: Any,
@@ -301,15 +401,25 @@ def wrap_with_cost_layout(model_chunks: Sequence[Any], config: Any, ddp_config: 
 
 
 def owned_costs(layer_wise_optimizer: Any, costs: Mapping[Any, float] | None = None) -> list[float]:
-    """The update cost each dp_cp rank owns as Megatron's layer-wise optimizer derived it from the layout
-    (``dp_cp_params_list``, plus ``expt_dp_params_list`` where expert-DP is dp_cp: EP = 1); ``costs``: param ->
-    cost (default: the params' `COST_ATTRIBUTE`; anything else costs 0)."""
+    """The update cost each dp_cp rank runs as Megatron's layer-wise optimizer derived ownership from the layout
+    (``dp_cp_params_list``, plus ``expt_dp_params_list`` where expert-DP is dp_cp: EP = 1), a split matrix
+    (`SPLIT_ATTRIBUTE`) counted as its member cost on each rank of its block; ``costs``: param -> cost (default:
+    the params' `COST_ATTRIBUTE`; anything else costs 0)."""
     def cost(p: Any) -> float:
         return float(costs.get(p, 0.0) if costs is not None else getattr(p, COST_ATTRIBUTE, 0.0))
 
     dense = getattr(layer_wise_optimizer, "dp_cp_params_list", None) or []
-    loads = [sum(cost(p) for p in params) for params in dense]
+    lists = [list(params) for params in dense]
     expert = getattr(layer_wise_optimizer, "expt_dp_params_list", None) or []
-    if len(expert) == len(loads):
-        loads = [load + sum(cost(p) for p in params) for load, params in zip(loads, expert, strict=True)]
+    if len(expert) == len(lists):
+        lists = [mine + list(theirs) for mine, theirs in zip(lists, expert, strict=True)]
+    loads = [0.0] * len(lists)
+    for rank, params in enumerate(lists):
+        for p in params:
+            split = getattr(p, SPLIT_ATTRIBUTE, None)
+            if split is None:
+                loads[rank] += cost(p)
+            else:
+                for member in split.ranks:
+                    loads[member] += split.member_cost
     return loads

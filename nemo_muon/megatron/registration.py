@@ -48,7 +48,7 @@ from nemo_muon.megatron.state_checkpoint import adopt_wrapper, guard_layer_wise_
 from nemo_muon.optim.muon import Muon
 from nemo_muon.optim.routed import RoutedOptimizer
 from nemo_muon.optim.routing import MATRIX, QKVLayout
-from nemo_muon.registry import OptimizerSpec, resolve, spec_for, specs
+from nemo_muon.registry import OptimizerSpec, check_split_target, resolve, spec_for, specs
 
 OURS_ATTRIBUTE = "nemo_muon_config"
 """The attribute of (our copy of) Megatron's `OptimizerConfig` that carries the recipe's validated config to our
@@ -275,12 +275,11 @@ def build_layer_wise_018(config: Any, model_chunks: list[Any], pg_collection: An
     """Megatron-Core >= 0.18: Megatron's own builder with ``optimizer=<our registry entry's registered_name>``
     (registered here), ``ours`` attached to the copy of Megatron's config it is given (`OURS_ATTRIBUTE`).
     ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), passed to Megatron's
-    builder."""
+    builder. ``ours.ns_split_target``'s block shares are attached by the caller (`nemo_muon.megatron.build.
+    build_engine`, `nemo_muon.megatron.split_shares`)."""
     from megatron.core.optimizer import get_megatron_optimizer
 
-    if getattr(ours, "ns_split_target", None) is not None:
-        raise ValueError(f"optimizer.ns_split_target must be None on Megatron-Core >= 0.18 (ownership comes from the "
-                         f"parameter layout DDP computes before the optimizer exists); got {ours.ns_split_target!r}")
+    check_split_target(ours)
     register_with_megatron()
     config = copy.copy(config)
     config.optimizer = spec_for(ours).megatron.registered_name

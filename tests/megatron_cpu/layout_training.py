@@ -23,6 +23,7 @@ _COLLECTIVES = {  # name -> (position of the tensor this rank contributes, posit
     "all_gather": (1, 2, "all_gather"), "all_gather_into_tensor": (1, 2, "all_gather_into_tensor"),
     "_all_gather_base": (1, 2, "all_gather_into_tensor"),
     "reduce_scatter_tensor": (1, 3, "reduce_scatter_tensor"), "_reduce_scatter_base": (1, 3, "reduce_scatter_tensor"),
+    "scatter": (0, 2, "scatter"), "gather": (0, 2, "gather"),
 }
 
 
@@ -36,6 +37,10 @@ def _wire_bytes(kind: str, args: tuple, nbytes: int, n: int) -> float:
         return (n - 1) * nbytes
     if kind == "all_gather":  # uneven pieces: all but one pass through each rank
         return (n - 1) / n * sum(t.numel() * t.element_size() for t in args[0])
+    if kind == "scatter":  # the source sends every other member its piece (the others pass None)
+        return (n - 1) * nbytes if args[1] is not None else 0.0
+    if kind == "gather":  # each member sends its piece to the destination, which sends nothing
+        return 0.0 if len(args) > 1 and args[1] is not None else float(nbytes)
     return float(nbytes)  # broadcast: a pipelined ring forwards the payload once
 
 
@@ -86,13 +91,14 @@ def _layer_wise(optimizer: Any) -> Any:
 
 def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, layout: str, steps: int,
                       optimizer_name: str = "muon", grad_reduce_in_fp32: bool = False,
-                      grad_clip: float = 1.0) -> dict[str, Any]:
+                      grad_clip: float = 1.0, split_target: float | None = None) -> dict[str, Any]:
     """``steps`` steps of the tiny model with our matrix optimizer under DDP wiring ``layout`` (bf16 gradient
     reduction, the product's default, unless ``grad_reduce_in_fp32``); returns the bytes this rank sent in the last step, the
     fp32 masters it owns, the replicas' largest difference, the update cost each rank owns as Megatron derived it
     from the layout, and (layout 'cost') the plan's loads and padding. ``grad_clip`` 0 turns clipping off: the
     wirings sum the clipping norm in different fp32 orders (the legacy layer-wise optimizer over whole owned
-    parameters, the chained one over its distributed optimizer's element slices), one ulp apart."""
+    parameters, the chained one over its distributed optimizer's element slices), one ulp apart. ``split_target``:
+    Muon's ``ns_split_target`` (layout 'cost': the plan's splits, by parameter name, are returned)."""
     import torch
     import torch.distributed as dist
 
@@ -100,7 +106,7 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
 
     with megatron_parallel() as parallel_state:
         run = replica(spec_name, optimizer_name, layout=layout, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                      build_kwargs={"grad_clip": grad_clip})
+                      split_target=split_target, build_kwargs={"grad_clip": grad_clip})
         ddp_model, optimizer = run.ddp_model, run.optimizer
         dp_rank = parallel_state.get_data_parallel_rank()
         micro = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
@@ -130,4 +136,5 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
                 "use_distributed_optimizer": bool(ddp_model.ddp_config.use_distributed_optimizer),
                 "owned_costs": owned_costs(layer_wise, costs) if layer_wise is not None else None,
                 "plan_loads": None if plan is None else plan.loads["dense"],
-                "padding": None if plan is None else plan.padding}
+                "padding": None if plan is None else plan.padding,
+                "splits": None if plan is None else {run.names[id(p)]: list(s.ranks) for p, s in plan.splits.items()}}

@@ -7,6 +7,7 @@ On Megatron-Core 0.16 / 0.17 the layout API is absent and the module refuses, na
 from __future__ import annotations
 
 import importlib.metadata
+from typing import Any
 
 import numpy as np
 import pytest
@@ -103,3 +104,75 @@ def test_each_rank_owns_the_planned_update_cost_better_balanced_than_megatrons_l
     assert ours_ratio <= their_ratio and ours_ratio <= 1.01, (ours_ratio, their_ratio)
     assert cost[0]["padding"] <= 0.02, cost[0]["padding"]  # the byte tie rule keeps the shards close
     assert cost[0]["replica_max_diff"] == 0.0
+
+
+@pytest.mark.parametrize("world_size, timeout_s", [(2, 300), (4, 400)])
+def test_split_ownership_on_the_cost_layout_is_the_plan_and_trains_as_whole_tensor_ownership(world_size, timeout_s):
+    """Megatron-Core >= 0.18 with ``ns_split_target`` (issue 25): the cost layout puts each matrix the plan splits
+    whole in its block's first rank's shard (that rank alone holds it); the block orthogonalizes it together. The
+    splits and each rank's update cost are the ones ``nemo-muon plan`` computes for this model and DP size, every
+    rank runs at most the target over the mean, the masters after a step equal whole-tensor ownership's within
+    the distributed NS's fp32 rounding, replicas stay identical, and the bytes the split adds (the scatter of the
+    NS input, the gather of the update, the Gram all-reduces) are counted."""
+    from nemo_muon.accounting.model_ownership import model_plan
+    from nemo_muon.models.specs import get_model_spec
+    from tests.megatron_cpu.training import optimizer_config
+
+    if layout_api_problems():
+        assert MCORE.startswith(("0.16.", "0.17."))  # 0.16 / 0.17 split in their own optimizer (test_megatron_training)
+        return
+    target = 1.0  # as many splits as help: the largest matrices split on the tiny model
+    args = (1, "muon", True, 0.0)  # one step, fp32 gradients, no clipping: the paths differ by the split's NS only
+    whole = run_distributed(train_with_layout, world_size=world_size, args=("tiny_kimi_k2", "cost", *args),
+                            timeout_s=timeout_s)
+    split = run_distributed(train_with_layout, world_size=world_size,
+                            args=("tiny_kimi_k2", "cost", *args, target), timeout_s=timeout_s)
+    splits = split[0]["splits"]
+    assert splits and whole[0]["splits"] == {}
+    assert all(r["splits"] == splits for r in split)
+    muon = optimizer_config("muon")
+    planned = model_plan(get_model_spec("tiny_kimi_k2"), dp=world_size, balance_target=target, ns_steps=muon.ns_steps,
+                         split_gate_up=muon.split_gate_up, split_qkv=muon.split_qkv, split_gather_update=True)
+    stage = planned.stages[0]
+    assert {n[n.index("decoder."):]: r for n, r in splits.items()} == {n: list(sp.ranks)
+                                                                       for n, sp in stage.splits.items()}
+    loads = split[0]["owned_costs"]  # Megatron's ownership from the layout, each split matrix at its member cost
+    assert all(r["owned_costs"] == loads and r["plan_loads"] == loads for r in split)
+    assert loads == pytest.approx(stage.flops, rel=1e-12)
+    assert max(loads) / (sum(loads) / len(loads)) < max(whole[0]["owned_costs"]) / (
+        sum(whole[0]["owned_costs"]) / world_size)
+    for run in (whole, split):
+        assert run[0]["replica_max_diff"] == 0.0
+    expected, got = _masters(whole), _masters(split)
+    assert sorted(got) == sorted(expected)
+    assert split[0]["losses"] == whole[0]["losses"]
+    for name in splits:
+        assert name in got  # held by one rank, the block's first
+    worst = max(float(np.abs(expected[n] - got[n]).max()) for n in got)
+    assert worst <= MASTER_TOLERANCE, worst
+    for ours, theirs in zip(split, whole, strict=True):
+        kinds = ours["sent_by_kind"]
+        assert "scatter" in kinds and "gather" in kinds, kinds
+        extra = ours["sent_last_step"] - theirs["sent_last_step"]
+        assert extra > 0
+
+
+def _split_on_megatrons_layout(rank: int, world_size: int, group: Any) -> str:
+    from tests.megatron_cpu.training import megatron_parallel, replica
+
+    with megatron_parallel():
+        try:
+            replica("tiny_kimi_k2", "muon", layout="megatron", split_target=1.0)
+        except ValueError as err:
+            return str(err)
+    return "built"
+
+
+def test_a_split_target_on_a_layout_not_planned_with_it_is_refused_naming_the_field():
+    """Megatron's own numel layout cannot hold a split: the builder refuses the target instead of ignoring it."""
+    if layout_api_problems():
+        assert MCORE.startswith(("0.16.", "0.17."))
+        return
+    message = run_distributed(_split_on_megatrons_layout, world_size=2, timeout_s=200)[0]
+    assert message.startswith("optimizer.ns_split_target=1.0 needs DDP built on the cost layout planned with it"), \
+        message
