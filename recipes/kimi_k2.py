@@ -6,15 +6,24 @@ architecture in `nemo_muon.models.specs.KIMI_K2`). Other systems: `bridge_perf_r
 
 from __future__ import annotations
 
+import dataclasses
+
 from nemo_muon.recipes import recipe
 from nemo_muon.recipes.systems import bridge_perf_recipe
 
+from nemo_muon.accounting.ns_split import DEFAULT_BALANCE_TARGET
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.specs import KIMI_K2
 
 
 def _kimi_k2(name: str, optimizer: str, precision: str = "mxfp8", gpu: str = "gb300") -> TrainingRecipe:
-    return bridge_perf_recipe(name, KIMI_K2, optimizer=optimizer, gpu=gpu, precision=precision)
+    """Bridge's preset; with Muon at TP = 1, split ownership at ``DEFAULT_BALANCE_TARGET``: Kimi K2's largest
+    matrices split over blocks of DP ranks until each stage's NS load is within 2% of its mean (1.108 whole-tensor,
+    ``nemo-muon plan --recipe kimi_k2_muon --json``, ``ns_split``)."""
+    out = bridge_perf_recipe(name, KIMI_K2, optimizer=optimizer, gpu=gpu, precision=precision)
+    if optimizer == "muon" and out.parallelism.tp == 1:
+        out = out.replace(optimizer=dataclasses.replace(out.optimizer, ns_split_target=DEFAULT_BALANCE_TARGET))
+    return out
 
 
 @recipe

@@ -49,6 +49,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "recipes": _BASE | {
         "config", "models", "secret_policy", "run_checks", "registry",
         "accounting.layout",  # the layout every recipe is validated against
+        "accounting.ns_split",  # the split target a recipe ships (DEFAULT_BALANCE_TARGET)
         "megatron.bridge_presets", "megatron.optimizer_config",  # Bridge's presets and Megatron's Muon defaults
         "megatron.bridge", "megatron.nemo2", "train.pretrain",  # the backends' entry points (called lazily)
         "train.refusals",  # a rank's refusal printed once (nemo_run_task, what NeMo-Run's ranks call)

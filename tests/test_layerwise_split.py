@@ -180,17 +180,28 @@ def test_split_options_cost_and_bytes() -> None:
 
 def test_recipes_split_where_the_optimizer_executes_it() -> None:
     """The torch backend takes ``optimizer.ns_split_target`` (and ``nemo-muon plan`` prints the split it executes);
-    the megatron backend on Megatron-Core 0.18+ (this venv) refuses it when the recipe is built, naming the field
-    (tests/container_stack runs it on 0.16)."""
+    Kimi K2's Muon recipes ship it (every supported Megatron-Core runs it: tests/megatron_cpu); the megatron backend
+    refuses it, naming the field, with Megatron's own Muon or on a Bridge whose DDP wrap nemo-muon does not lay out."""
     from nemo_muon.recipes.execute import build_recipe
 
     from nemo_muon.accounting.planner import plan_recipe
+    from nemo_muon.megatron.recipe_rules import _check_split
 
     tiny = build_recipe("tiny_kimi_k2_muon", ["optimizer.ns_split_target=1.02"])
     split = plan_recipe(tiny, 4)["ns_split"]
     assert split["executed"] is True and split["target"] == 1.02
     assert plan_recipe(build_recipe("tiny_kimi_k2_muon"), 4)["ns_split"]["executed"] is False
-    with pytest.raises(ValueError, match=r"ns_split_target must be None unless the run uses Megatron-Core 0.16.*got 1.02"):
-        build_recipe("kimi_k2_muon", ["optimizer.ns_split_target=1.02"])
+    shipped = build_recipe("kimi_k2_muon")
+    assert shipped.optimizer.ns_split_target == 1.02
+    plan = plan_recipe(shipped)
+    assert plan["ns_split"]["executed"] is True and plan["ns_imbalance_within_stage_max"] <= 1.02
+    assert plan["ns_split"]["extra_bytes_per_rank_max"] > 0
+    with pytest.raises(ValueError, match=r"ns_split_target must be None unless the run uses optimizer.engine='nemo_muon'"
+                                         r".*got 1.02"):
+        build_recipe("kimi_k2_muon", ["optimizer.engine=megatron"])
+    with pytest.raises(ValueError, match=r"unless the run uses a Megatron-Bridge whose DDP wrap nemo-muon lays out .*"
+                                         r"Bridge 0.7.0 with Megatron-Core 0.20.0\); got 1.02"):
+        _check_split(shipped, {"megatron-core": "0.20.0", "megatron-bridge": "0.7.0"}, "a test stack")
+    _check_split(shipped, {"megatron-core": "0.18.2", "megatron-bridge": "0.5.1"}, "a test stack")  # routed: taken
     with pytest.raises(ValueError, match=r"muon.ns_split_target must be a number in \[1.0, inf\); got 0.9"):
         build_recipe("tiny_kimi_k2_muon", ["optimizer.ns_split_target=0.9"])

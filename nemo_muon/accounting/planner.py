@@ -70,6 +70,10 @@ class _Rank:
     """Elements of AdamW-updated params this rank updates (element-sharded)."""
     work: dict[tuple[tuple[tuple[int, ...], ...], float], int] = field(default_factory=dict)
     """(NS parts, NS FLOPs) -> how many such matrices this rank orthogonalizes (the step-time model's input)."""
+    split_bytes: float = 0.0
+    """Bytes it sends per step for split matrices within its blocks (``OwnershipPlan.split_bytes``)."""
+    split_block: int = 1
+    """Ranks in its largest block (1: no split)."""
 
 
 def _state_elements(t: StageTensor) -> dict[str, int]:
@@ -139,13 +143,17 @@ def _stage_ranks(layout: Layout, sp: StagePlan, layerwise: bool, split_held_whol
             _add(e_state[t.ep_rank][k], _state_elements(t))
             e_ns[t.ep_rank][k] += t.item.cost
             _count(e_work[t.ep_rank][k], (t.parts, t.item.cost))
+    split_bytes = sp.plan.split_bytes if layerwise and sp.plan.splits else [0.0] * dpcp
+    block = [max((len(s.ranks) for s in sp.plan.splits.values() if b in s.ranks), default=1) if layerwise else 1
+             for b in range(dpcp)]
     ranks = []
     for r in range(tp * dpcp):
         b, e, k = r // tp, (r // etp) % ep, r // (etp * ep)
         ns = sp.gpu_flops[r] if layerwise else d_ns[b] + e_ns[e][k]
         ranks.append(_Rank(ns=ns, numel=dense_numel + e_held[e], owned_hidden=d_numel[b] + e_numel[e][k],
                            owned_state=_merged(d_state[b], e_state[e][k]),
-                           adam_share=dense_adam / dpcp + e_adam[e] / edp, work=_merged(d_work[b], e_work[e][k])))
+                           adam_share=dense_adam / dpcp + e_adam[e] / edp, work=_merged(d_work[b], e_work[e][k]),
+                           split_bytes=float(split_bytes[b]), split_block=block[b]))
     return ranks
 
 
@@ -308,7 +316,8 @@ def _rank_work(rank: _Rank) -> RankWork:
     """The step-time model's view of one GPU of the layer-wise plan."""
     return RankWork(matrices=tuple(MatrixWork(parts, cost, n) for (parts, cost), n in rank.work.items()),
                     matrix_elements=float(rank.owned_hidden), adam_elements=rank.adam_share,
-                    gather_bytes=2.0 * (rank.numel - rank.owned_hidden - rank.adam_share))
+                    gather_bytes=2.0 * (rank.numel - rank.owned_hidden - rank.adam_share),
+                    split_bytes=rank.split_bytes, split_block=rank.split_block)
 
 
 def _split_summary(plans: list[StagePlan], loads: list[list[float]], target: float,

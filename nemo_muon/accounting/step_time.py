@@ -19,7 +19,8 @@ Parts of one step, per path (docs/step_time.md has the rules and the published c
   it owns; Muon's momentum and update: 22 B per matrix element) plus Newton–Schulz, every operator priced as
   max(FLOPs / peak, bytes / HBM, the kernel floor), one operator per matrix (``batched=False``: Megatron's and
   Emerging-Optimizers' loop) or per same-shape stack (``batched=True``), in the NS algorithm the implementation
-  runs on that shape (``ns_operators``).
+  runs on that shape (``ns_operators``); with split ownership, plus the bytes the rank sends within its blocks for
+  the split matrices (their Gram all-reduces and the update's exchange) at the block's bandwidth.
 - ``step_s`` = compute + the exposed parts + optimizer; ``throughput_ratio`` = AdamW's step time / the path's.
 
 A collective's bandwidth is NVLink when its ranks share one NVLink domain, the scale-out NIC otherwise
@@ -117,6 +118,11 @@ class RankWork:
     """Elements it updates with Adam (its share of the element-wise parameters)."""
     gather_bytes: float
     """bf16 bytes it receives per step to refresh the parameters others update (layer-wise ownership)."""
+    split_bytes: float = 0.0
+    """Bytes it sends per step for the matrices split over its blocks of DP ranks (split ownership: the Gram
+    all-reduces and the update's exchange, ``OwnershipPlan.split_bytes``), in the optimizer step."""
+    split_block: int = 1
+    """Ranks in its largest such block (1: no split)."""
 
 
 @dataclass(frozen=True)
@@ -260,8 +266,12 @@ def path_times(inputs: StepInputs, hw: Hardware, model_flops_per_s: float) -> di
             by_work[rk.matrices] = ns_seconds(rk.matrices, hw, inputs.implementation, inputs.ns_steps,
                                               inputs.ns_precision)
         ns.append(by_work[rk.matrices])
+    def split_exchange(rk: RankWork) -> float:  # within its blocks: consecutive DP ranks, tp apart
+        return rk.split_bytes / _group_bandwidth(hw, lay, lay.tp, rk.split_block) if rk.split_block > 1 else 0.0
+
     muon_opt = max(n + (MUON_BYTES_PER_ELEMENT * rk.matrix_elements + ADAMW_BYTES_PER_ELEMENT * rk.adam_elements)
-                   / hw.hbm_bytes_per_s for n, rk in zip(ns, (rk for st in inputs.ranks for rk in st), strict=True))
+                   / hw.hbm_bytes_per_s + split_exchange(rk)
+                   for n, rk in zip(ns, (rk for st in inputs.ranks for rk in st), strict=True))
     uneven = max(rk.gather_bytes for stage in inputs.ranks for rk in stage) / dp_bw
     og = inputs.overlap_grad_reduce
     grad_note = "grad reduction in the backward" if og else "grad reduction after the backward"

@@ -33,24 +33,31 @@ def _check_architecture(recipe: TrainingRecipe) -> None:
                          f" got {shown}")
 
 
-def _check_split(recipe: TrainingRecipe, mcore: str | None, where: str) -> None:
-    """``optimizer.ns_split_target`` runs inside our ownership of Megatron-Core 0.16's layer-wise optimizer only
-    (`nemo_muon.megatron.cost_balanced`): engine nemo_muon, TP = 1; 0.18+ takes ownership from DDP's layout."""
+def _check_split(recipe: TrainingRecipe, versions: dict[str, str | None], where: str) -> None:
+    """``optimizer.ns_split_target`` runs in our ownership inside Megatron's layer-wise optimizer: engine nemo_muon,
+    TP = 1; on Megatron-Core 0.16 / 0.17 in that optimizer (`nemo_muon.megatron.cost_balanced`), on >= 0.18 in DDP's
+    cost layout (`nemo_muon.megatron.cost_layout`), which Bridge builds through `nemo_muon.megatron.bridge_layout`."""
     target = getattr(recipe.optimizer, "ns_split_target", None)
     if target is None:
         return
-    from nemo_muon.megatron.optimizer_config import API_016, api_for_version
+    from nemo_muon.megatron.bridge_layout import SUPPORTED_BRIDGE
+    from nemo_muon.megatron.optimizer_config import API_018, api_for_version
+    from nemo_muon.megatron.stack import MBRIDGE, MCORE
+    from nemo_muon.versions import release_numbers
 
     why = None
+    mcore, bridge = versions.get(MCORE), versions.get(MBRIDGE)
     if getattr(recipe.optimizer, "engine", None) != "nemo_muon":
         why = "optimizer.engine='nemo_muon' (Megatron's own Muon owns whole tensors)"
     elif recipe.parallelism.tp != 1:
         why = f"parallelism.tp=1 (a split inside a tensor-parallel shard is not supported; got tp={recipe.parallelism.tp})"
-    elif mcore is not None and api_for_version(mcore) != API_016:
-        why = (f"Megatron-Core 0.16 (on {mcore}, {where}, ownership comes from the parameter layout DDP computes "
-               "before the optimizer exists)")
+    elif (mcore is not None and api_for_version(mcore) == API_018 and bridge is not None
+          and release_numbers(bridge)[:2] not in SUPPORTED_BRIDGE):
+        why = (f"a Megatron-Bridge whose DDP wrap nemo-muon lays out (0.5.x / 0.6.x on Megatron-Core >= 0.18; "
+               f"{where} has Bridge {bridge} with Megatron-Core {mcore})")
     if why is not None:
-        raise ValueError(f"optimizer.ns_split_target must be None unless the run uses {why}; got {target!r}")
+        raise ValueError(f"optimizer.ns_split_target must be None unless the run uses {why}; got {target!r} "
+                         "(optimizer.ns_split_target=none: whole tensors)")
 
 
 def check_megatron_recipe(recipe: TrainingRecipe) -> None:
@@ -78,10 +85,10 @@ def check_megatron_recipe(recipe: TrainingRecipe) -> None:
                          f"(Bridge's dist.distributed_timeout_minutes); got {sys_.collective_timeout_s!r}")
     check_recipe_stack(recipe)
     versions, where = target_stack()
-    _check_split(recipe, versions[MCORE], where)
     api = api_for_version(versions[MCORE] or "0.16")
     try:
         bridge_optimizer_spec(recipe, fields=set(API_FIELDS[api]))
     except ValueError as e:
         raise ValueError(f"{e} (Megatron-Core {versions[MCORE]}, {where})") from None
+    _check_split(recipe, versions, where)
     bridge_field_overrides(recipe, bridge_knobs=BRIDGE_PERF_LAYOUTS.get((recipe.model.name, sys_.gpu)))

@@ -5,6 +5,7 @@ bytes each rank sends per step, DP replicas, the owners Megatron derived from th
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -39,10 +40,12 @@ class BridgeSetup:
     """The cost-layout planner (`bridge_layout.install`), None on Megatron's legacy layer-wise path."""
 
 
-def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: str = "muon") -> BridgeSetup:
+def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: str = "muon",
+                 split_target: float | None = None) -> BridgeSetup:
     """Inside `megatron_parallel`: the tiny model through a Bridge model provider's ``provide_distributed_model``
     (with the product's cost-layout wiring when ``cost_layout``) and Bridge's ``setup_optimizer`` on the product's
-    optimizer config, with a constant-lr scheduler over ``steps`` steps."""
+    optimizer config (with Muon's ``ns_split_target`` = ``split_target``), with a constant-lr scheduler over
+    ``steps`` steps."""
     import torch
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -63,6 +66,8 @@ def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: 
     torch.manual_seed(SEED)
     model, config, spec = _model(spec_name)
     opt = optimizer_config(optimizer_name)
+    if split_target is not None:
+        opt = dataclasses.replace(opt, ns_split_target=split_target)
 
     class TinyProvider(ModelProviderMixin):
         def provide(self, pre_process=None, post_process=None, vp_stage=None):  # noqa: ANN001, ANN202
@@ -94,14 +99,16 @@ def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: 
 
 
 def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spec_name: str, steps: int,
-                                     cost_layout: bool, optimizer_name: str = "muon") -> dict[str, Any]:
+                                     cost_layout: bool, optimizer_name: str = "muon",
+                                     split_target: float | None = None) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
     from nemo_muon.megatron import bridge_layout
+    from nemo_muon.megatron.split_shares import _our_muons
 
     with megatron_parallel() as parallel_state:
-        setup = bridge_setup(spec_name, steps, cost_layout, optimizer_name)
+        setup = bridge_setup(spec_name, steps, cost_layout, optimizer_name, split_target)
         ddp_model, optimizer, spec, planner = setup.ddp_model, setup.optimizer, setup.spec, setup.planner
         ddp_config = setup.ddp_config
         dp_rank = parallel_state.get_data_parallel_rank()
@@ -134,6 +141,8 @@ def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spe
                 "full_param_layout": getattr(ddp_model, "full_param_layout", None) is not None,
                 "owners_match": owners_match, "planned": None if planner is None else len(planner.plans),
                 "hook_installed": bridge_layout.installed(), "seq": SEQ,
+                "planned_splits": None if planner is None else sum(len(plan.splits) for plan in planner.plans),
+                "split_shares": sum(len(raw._splits) for _, raw in _our_muons(optimizer)),
                 "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas)}
 
 

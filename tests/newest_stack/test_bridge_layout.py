@@ -11,6 +11,7 @@ from tests.megatron_cpu.bridge_layout_training import train_through_bridge_model
 from tests.newest_stack.conftest import stack_release
 
 STEPS = 10
+SPLIT_STEPS = 4
 LAYOUT_STACK = stack_release().tag != "26.04"
 """Bridge 0.4 (26.04, Megatron-Core 0.17) has no parameter layout: there the tests below check it stays legacy."""
 
@@ -29,9 +30,14 @@ def _stays_on_the_legacy_path() -> None:
 
 @pytest.fixture(scope="module")
 def runs():
-    return {layout: run_distributed(train_through_bridge_model_setup, world_size=2,
-                                    args=("tiny_qwen3_moe", STEPS, layout == "cost"), timeout_s=300)
-            for layout in ("legacy", "cost")}
+    out = {layout: run_distributed(train_through_bridge_model_setup, world_size=2,
+                                   args=("tiny_qwen3_moe", STEPS, layout == "cost"), timeout_s=300)
+           for layout in ("legacy", "cost")}
+    # tiny Qwen3-MoE balances exactly at DP=2: the split runs on tiny Kimi K2, against its whole-tensor cost layout
+    for name, target in (("kimi_whole", None), ("kimi_split", 1.0)):
+        out[name] = run_distributed(train_through_bridge_model_setup, world_size=2,
+                                    args=("tiny_kimi_k2", SPLIT_STEPS, True, "muon", target), timeout_s=300)
+    return out
 
 
 def test_bridge_builds_ddp_on_our_cost_layout_and_trains(request):
@@ -56,6 +62,21 @@ def test_the_loss_curve_is_the_legacy_paths(request):
     # the same updates (owners and reductions differ: bf16 reduce-scatter vs all-reduce)
     for legacy, cost in zip(runs["legacy"], runs["cost"], strict=True):
         assert max(abs(a - b) for a, b in zip(legacy["losses"], cost["losses"], strict=True)) < 0.05
+
+
+def test_split_ownership_runs_inside_bridges_setup_on_the_cost_layout(request):
+    """``ns_split_target`` through Bridge's own model and optimizer setup: the layout splits the largest matrices
+    over both ranks, each rank's Muon takes its block share (the first holds, the other helps), and training follows
+    the whole-tensor cost layout's loss curve (the same updates within the split NS's fp32 rounding)."""
+    if not LAYOUT_STACK:
+        return _stays_on_the_legacy_path()
+    runs = request.getfixturevalue("runs")
+    for split, whole in zip(runs["kimi_split"], runs["kimi_whole"], strict=True):
+        assert split["planned_splits"] > 0 and whole["planned_splits"] == 0
+        assert split["split_shares"] == split["planned_splits"] and whole["split_shares"] == 0
+        assert split["owners_match"] and split["replica_max_diff"] == 0.0
+        assert max(abs(a - b) for a, b in zip(split["losses"], whole["losses"], strict=True)) < 0.05
+        assert split["sent_last_step"] > whole["sent_last_step"]  # the scatter, the Gram all-reduces, the gather
 
 
 def test_cost_layout_sends_at_most_070_of_the_legacy_bytes(request):
