@@ -8,6 +8,7 @@ of Megatron-Core, Bridge or NeMo:
 * `registration`: nemo-muon's Muon inside Megatron-Core's layer-wise distributed optimizer (engine 'nemo_muon');
 * `cost_balanced`: on Megatron-Core 0.16, that optimizer owning the matrices by update cost (and split ownership);
 * `cost_layout`: on Megatron-Core >= 0.18, DDP's layer-wise parameter layout owned by update cost (reduce-scatter);
+* `split_plan`: on Megatron-Core >= 0.18 with a split target, the stage's ownership plan that layout encodes;
 * `split_shares`: on Megatron-Core >= 0.18, our Muon's block shares of the matrices that layout split;
 * `bridge_layout`: that layout inside Megatron-Bridge 0.5 / 0.6's own DDP wrap (a pinned hook point);
 * `state_checkpoint`: our optimizers' state of any shape through Megatron's ``dist_checkpointing`` (keyed by parameter);
@@ -31,7 +32,7 @@ from typing import Any
 SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_layout", "bridge_perf_recipes", "bridge_presets",
                                "bridge_provider", "build", "model_config", "nemo2", "nonfinite", "optimizer_config",
                                "checkpoint_files", "cost_balanced", "cost_layout", "recipe_rules", "registration",
-                               "split_shares", "stack", "state_checkpoint", "class_switch")
+                               "split_plan", "split_shares", "stack", "state_checkpoint", "class_switch")
 
 
 def __getattr__(name: str) -> Any:

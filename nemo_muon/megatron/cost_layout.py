@@ -19,12 +19,12 @@ registry entry's ``matrix.update_cost`` with fused parts, the cost `nemo_muon.me
 - the other buffers (embeddings, norms, biases: Megatron's Adam in its distributed optimizer) keep Megatron's own
   `DistributedOptimizer` layout.
 
-Split ownership (Muon's ``ns_split_target``): `tag_with_costs` attaches each matrix's plan item (`SplitRequest`), and
-the dense matrices are planned together by `plan_ownership` with the target from each rank's expert work, exactly as
-``nemo-muon plan`` plans a stage (one model chunk: the stage when there is no virtual pipeline); every matrix goes to
-the plan's owner (a split one whole to its block's first rank, which alone holds its gradient, master and momentum;
-`LayoutSplit` on the parameter), so the layout is the plan, and the byte tie rule does not apply.
-`nemo_muon.megatron.split_shares` then gives the block's members their shares of the NS.
+Split ownership (Muon's ``ns_split_target``): `tag_with_costs` plans the whole stage (every model chunk of this
+pipeline rank) as ``nemo-muon plan`` does and tags each matrix with its planned owner
+(`nemo_muon.megatron.split_plan`); every chunk's layout then puts each matrix in its planned owner's shard (a split
+one whole in its block's first rank's shard: that rank alone holds its gradient, master and momentum), so the layout
+is the plan, and the byte tie rule does not apply. `nemo_muon.megatron.split_shares` gives the block's members their
+shares of the NS.
 
 `wrap_with_cost_layout` is the megatron.training-style wiring (tag the parameters, compute the layout, build DDP).
 Bridge 0.5 / 0.6 wrap DDP themselves (``megatron.training.models.dist_utils._ddp_wrap``); `nemo_muon.megatron.
@@ -80,33 +80,6 @@ def is_layer_wise_matrix(param: Any) -> bool:
     return bool(is_managed_by_layer_wise_optimizer(param))
 
 
-SPLIT_REQUEST_ATTRIBUTE = "nemo_muon_split_request"
-"""The attribute a layer-wise matrix carries its `SplitRequest` in when the config has ``ns_split_target``."""
-SPLIT_ATTRIBUTE = "nemo_muon_split"
-"""The attribute a matrix the layout splits carries its `LayoutSplit` in (set by `plan_cost_layout`)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitRequest:
-    """What a Muon config with ``ns_split_target`` asks of the layout for one layer-wise matrix: the balance target
-    and the matrix's plan item (its name, update cost and split options; none for a routed expert)."""
-
-    target: float
-    item: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class LayoutSplit:
-    """A matrix whose Newton–Schulz the aligned block ``ranks`` of dp_cp runs (the plan's `SplitPlacement`): the
-    layout puts it whole in the shard of ``ranks[0]``, which holds its gradient, master and momentum; each member
-    orthogonalizes 1/``ways`` of it along ``dim`` (``member_cost`` each)."""
-
-    ranks: tuple[int, ...]
-    ways: int
-    dim: int
-    member_cost: float
-
-
 def plan_items(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -> dict[Any, Any]:
     """param -> its `PlanItem` under ``ours`` (the recipe's matrix optimizer config), for every trainable layer-wise
     matrix of ``model_chunks`` (un-wrapped or Float16-wrapped; ``.config`` is the model's config): named as the model
@@ -141,19 +114,22 @@ def update_costs(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -> 
 
 def tag_with_costs(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -> int:
     """Tag every trainable parameter for DDP's buffer routing (layer-wise matrix or not, Megatron's rule) and each
-    layer-wise matrix with its update cost (`COST_ATTRIBUTE`) and, where ``ours`` has ``ns_split_target``, its
-    `SplitRequest` (`SPLIT_REQUEST_ATTRIBUTE`); returns how many matrices were costed."""
+    layer-wise matrix with its update cost (`COST_ATTRIBUTE`); where ``ours`` has ``ns_split_target``, plan the stage
+    (``model_chunks``: every chunk of this pipeline rank) and tag each matrix with its planned owner
+    (`nemo_muon.megatron.split_plan.tag_stage_plan`). Returns how many matrices were costed."""
     from megatron.core.optimizer.layer_wise_optimizer import tag_params_for_buffer_routing
+
+    from nemo_muon.megatron.split_plan import clear_stage_plan, tag_stage_plan
 
     tag_params_for_buffer_routing(list(model_chunks))
     target = getattr(ours, "ns_split_target", None)
     items = plan_items(model_chunks, ours, pg_collection)
     for p, item in items.items():
         setattr(p, COST_ATTRIBUTE, float(item.cost))
-        if target is not None:
-            setattr(p, SPLIT_REQUEST_ATTRIBUTE, SplitRequest(float(target), item))
-        elif hasattr(p, SPLIT_REQUEST_ATTRIBUTE):
-            delattr(p, SPLIT_REQUEST_ATTRIBUTE)
+    if target is not None and items:
+        tag_stage_plan(items, pg_collection, target)
+    else:
+        clear_stage_plan(items)
     return len(items)
 
 
@@ -169,10 +145,11 @@ class CostLayout:
     loads: dict[str, list[float]]
     buffer_numel: int = 0
     param_numel: int = 0
-    splits: dict[Any, LayoutSplit] = dataclasses.field(default_factory=dict)
-    """The matrices split over blocks of dp_cp ranks (param -> `LayoutSplit`; empty without ``ns_split_target``)."""
-    dense_plan: Any = None
-    """The dense matrices' `OwnershipPlan` the layout encodes when it splits (None otherwise)."""
+    splits: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    """The chunk's matrices split over blocks of dp_cp ranks (param -> `LayoutSplit`; empty without
+    ``ns_split_target``)."""
+    stage_plan: Any = None
+    """With ``ns_split_target``: the stage's `StageSplitPlan` the layout encodes (None otherwise)."""
 
     @property
     def padding(self) -> float:
@@ -312,6 +289,8 @@ def plan_cost_layout(params: Iterable[Any], bucket_size: int | None, ddp_config:
     from megatron.core.optimizer.param_layout import FullParamLayout
     from megatron.core.utils import get_pg_size
 
+    from nemo_muon.megatron.split_plan import planned_owner
+
     check_layout_api()
     dp, edp = get_pg_size(pg_collection.dp_cp), get_pg_size(pg_collection.expt_dp)
     groups = group_params_for_buffers(list(params), ddp_config.grad_reduce_in_fp32)
@@ -320,11 +299,7 @@ def plan_cost_layout(params: Iterable[Any], bucket_size: int | None, ddp_config:
     loads = {"expert": [0.0] * edp, "dense": [0.0] * dp}
     buffer_numel = param_numel = 0
     dense_started = False
-    dense = [p for key, (ps, _) in groups.items() if key.is_managed_by_layer_wise_optimizer
-             and not key.is_expert_parallel for p in ps]
-    planned: dict[Any, int] | None = None
-    splits: dict[Any, LayoutSplit] = {}
-    dense_plan = None
+    planned, stage = _planned(groups)
     for key in sorted(groups, key=lambda k: not k.is_expert_parallel):  # experts first: dense starts from them
         group_params, indices = groups[key]
         size = edp if key.is_expert_parallel else dp
@@ -335,48 +310,31 @@ def plan_cost_layout(params: Iterable[Any], bucket_size: int | None, ddp_config:
         if not key.is_expert_parallel and not dense_started:
             loads["dense"][:] = _dense_start(loads["expert"], pg_collection)
             dense_started = True
-            dense_plan = _split_plan(dense, loads["dense"])
-            if dense_plan is not None:
-                planned, splits = _planned_owners(dense, dense_plan)
-                loads["dense"][:] = dense_plan.flops
         domain = loads["expert" if key.is_expert_parallel else "dense"]
         layouts[key], numel = _layer_wise_buffer(group_params, indices, size, ddp_config, bucket_size, domain, owners,
-                                                 None if key.is_expert_parallel else planned)
+                                                 planned)
         buffer_numel += numel
         param_numel += sum(p.numel() for p in group_params)
-    for p in dense:
-        if p in splits:
-            setattr(p, SPLIT_ATTRIBUTE, splits[p])
-        elif hasattr(p, SPLIT_ATTRIBUTE):
-            delattr(p, SPLIT_ATTRIBUTE)
-    return CostLayout(FullParamLayout(layouts=layouts), owners, loads, buffer_numel, param_numel, splits, dense_plan)
+    splits = {}
+    if stage is not None:  # the stage plan's loads (every chunk of this pipeline rank), not this chunk's
+        loads = {"expert": list(stage.expert_flops), "dense": list(stage.dense.flops)}
+        splits = {p: planned_owner(p).split for p in planned if planned_owner(p).split is not None}
+    return CostLayout(FullParamLayout(layouts=layouts), owners, loads, buffer_numel, param_numel, splits, stage)
 
 
-def _split_plan(dense: Sequence[Any], start: list[float]) -> Any:
-    """The dense matrices' `OwnershipPlan` with split ownership (`plan_ownership` with the requests' target, from
-    each rank's expert work ``start``), or None when no matrix carries a `SplitRequest`."""
-    from nemo_muon.accounting.ownership_plan import plan_ownership
+def _planned(groups: Mapping[Any, Any]) -> tuple[dict[Any, int] | None, Any]:
+    """The planned owner of every layer-wise matrix and the stage plan (`nemo_muon.megatron.split_plan`), or
+    (None, None) when none was planned (no split target: each bucket by `lpt_by_cost`)."""
+    from nemo_muon.megatron.split_plan import planned_owner
 
-    requests = [getattr(p, SPLIT_REQUEST_ATTRIBUTE, None) for p in dense]
-    if all(r is None for r in requests):
-        return None
-    if any(r is None for r in requests) or len({r.target for r in requests}) != 1:
-        raise ValueError(f"every layer-wise matrix must carry the same split request ({SPLIT_REQUEST_ATTRIBUTE}): "
-                         "tag the whole model with tag_with_costs and one config")
-    return plan_ownership([r.item for r in requests], len(start), "lpt", initial_flops=start,
-                          balance_target=requests[0].target)
-
-
-def _planned_owners(dense: Sequence[Any], plan: Any) -> tuple[dict[Any, int], dict[Any, LayoutSplit]]:
-    """Each dense matrix's owner (a split one's: its block's first rank) and the split ones' `LayoutSplit`."""
-    owners, splits = {}, {}
-    for p in dense:
-        name = getattr(p, SPLIT_REQUEST_ATTRIBUTE).item.name
-        owners[p] = plan.owners[name]
-        sp = plan.splits.get(name)
-        if sp is not None:
-            splits[p] = LayoutSplit(tuple(sp.ranks), sp.option.ways, sp.option.dim, sp.option.cost)
-    return owners, splits
+    matrices = [p for key, (ps, _) in groups.items() if key.is_managed_by_layer_wise_optimizer for p in ps]
+    tags = [planned_owner(p) for p in matrices]
+    if all(t is None for t in tags):
+        return None, None
+    if any(t is None for t in tags) or len({id(t.stage) for t in tags}) != 1:
+        raise ValueError("every layer-wise matrix of the chunk must carry the same stage plan "
+                         "(nemo_muon_planned_owner): tag the whole model with tag_with_costs and one config")
+    return {p: t.rank for p, t in zip(matrices, tags, strict=True)}, tags[0].stage
 
 
 def wrap_with_cost_layout(model_chunks: Sequence[Any], config: Any, ddp_config: Any, *, ours: Any,
@@ -400,11 +358,14 @@ def wrap_with_cost_layout(model_chunks: Sequence[Any], config: Any, ddp_config: 
     return wrapped, plans
 
 
+
 def owned_costs(layer_wise_optimizer: Any, costs: Mapping[Any, float] | None = None) -> list[float]:
     """The update cost each dp_cp rank runs as Megatron's layer-wise optimizer derived ownership from the layout
     (``dp_cp_params_list``, plus ``expt_dp_params_list`` where expert-DP is dp_cp: EP = 1), a split matrix
-    (`SPLIT_ATTRIBUTE`) counted as its member cost on each rank of its block; ``costs``: param -> cost (default:
-    the params' `COST_ATTRIBUTE`; anything else costs 0)."""
+    (`nemo_muon.megatron.split_plan.split_of`) counted as its member cost on each rank of its block; ``costs``:
+    param -> cost (default: the params' `COST_ATTRIBUTE`; anything else costs 0)."""
+    from nemo_muon.megatron.split_plan import split_of
+
     def cost(p: Any) -> float:
         return float(costs.get(p, 0.0) if costs is not None else getattr(p, COST_ATTRIBUTE, 0.0))
 
@@ -416,7 +377,7 @@ def owned_costs(layer_wise_optimizer: Any, costs: Mapping[Any, float] | None = N
     loads = [0.0] * len(lists)
     for rank, params in enumerate(lists):
         for p in params:
-            split = getattr(p, SPLIT_ATTRIBUTE, None)
+            split = split_of(p)
             if split is None:
                 loads[rank] += cost(p)
             else:

@@ -116,8 +116,12 @@ def init_placeholder_state(opt: torch.optim.Optimizer, config: Any = None) -> No
 
 
 def parameter_names(model_chunks: Iterable[torch.nn.Module]) -> dict[int, str]:
-    """id(param) -> its name in its model chunk (DDP / Float16Module prefixes included; layouts match segments)."""
-    return {id(p): name for chunk in model_chunks for name, p in chunk.named_parameters()}
+    """id(param) -> its name in its model chunk (DDP / Float16Module prefixes included; layouts match segments),
+    prefixed ``model<k>.`` with chunk k of several (virtual pipeline stages name their layers alike: ownership plans
+    key matrices by name)."""
+    chunks = list(model_chunks)
+    return {id(p): (f"model{k}." if len(chunks) > 1 else "") + name
+            for k, chunk in enumerate(chunks) for name, p in chunk.named_parameters()}
 
 
 def fused_layouts(model_config: Any, tp_size: int) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Split ownership on Megatron-Core >= 0.18: our Muon's block shares of the matrices the cost layout split.
 
-`nemo_muon.megatron.cost_layout.plan_cost_layout` plans the dense layer-wise matrices with ``ns_split_target``
-(`plan_ownership`, as ``nemo-muon plan`` does) and puts a split matrix whole in its block's first rank's shard: that
-rank owns it in Megatron's layer-wise optimizer (its reduced gradient, fp32 master and momentum). `attach_split_shares`
+`nemo_muon.megatron.split_plan` plans the stage's layer-wise matrices with ``ns_split_target`` (as ``nemo-muon plan``
+does) and `nemo_muon.megatron.cost_layout` puts a split matrix whole in its block's first rank's shard: that rank owns
+it in Megatron's layer-wise optimizer (its reduced gradient, fp32 master and momentum). `attach_split_shares`
 gives every member of the block its share (`SplitShare` with ``first_holds``): the first member's on the master it
 steps, the others' on the model parameter their optimizer routes but does not step. At each step the first member
 scatters the NS input's slices, the block orthogonalizes them together and the first member gathers the update
@@ -43,11 +43,13 @@ def attach_split_shares(optimizer: Any, model_chunks: Sequence[Any], pg_collecti
     from megatron.core.utils import get_pg_rank, get_pg_size
 
     from nemo_muon.layerwise.split_groups import block_groups_of_ways
-    from nemo_muon.megatron.cost_layout import SPLIT_ATTRIBUTE, SPLIT_REQUEST_ATTRIBUTE, is_layer_wise_matrix
+    from nemo_muon.megatron.cost_layout import is_layer_wise_matrix
+    from nemo_muon.megatron.split_plan import planned_owner
     from nemo_muon.optim.muon import SplitShare
 
     matrices = [p for chunk in model_chunks for p in chunk.parameters() if p.requires_grad and is_layer_wise_matrix(p)]
-    requests = {getattr(getattr(p, SPLIT_REQUEST_ATTRIBUTE, None), "target", None) for p in matrices}
+    plans = [planned_owner(p) for p in matrices]
+    requests = {None if o is None else o.stage.target for o in plans}
     if matrices and requests != {target}:
         raise ValueError(f"optimizer.ns_split_target={target!r} needs DDP built on the cost layout planned with it "
                          "(nemo_muon.megatron.cost_layout.wrap_with_cost_layout, or Megatron-Bridge 0.5 / 0.6 "
@@ -57,7 +59,7 @@ def attach_split_shares(optimizer: Any, model_chunks: Sequence[Any], pg_collecti
     if get_pg_size(pg) == 1:
         return 0
     rank = get_pg_rank(pg)
-    splits = [(p, getattr(p, SPLIT_ATTRIBUTE)) for p in matrices if hasattr(p, SPLIT_ATTRIBUTE)]
+    splits = [(p, o.split) for p, o in zip(matrices, plans, strict=True) if o.split is not None]
     blocks = block_groups_of_ways({s.ways for _, s in splits}, pg, rank)
     muons = [(raw, _masters(wrapper)) for wrapper, raw in _our_muons(optimizer)]
     taken = 0

@@ -176,3 +176,61 @@ def test_a_split_target_on_a_layout_not_planned_with_it_is_refused_naming_the_fi
     message = run_distributed(_split_on_megatrons_layout, world_size=2, timeout_s=200)[0]
     assert message.startswith("optimizer.ns_split_target=1.0 needs DDP built on the cost layout planned with it"), \
         message
+
+
+def _stage_of_two_chunks(rank: int, world_size: int, group: Any) -> dict[str, Any]:
+    """Two model chunks of one pipeline rank (virtual stages, which name their layers alike), tagged together with a
+    split target, then laid out one chunk at a time as DDP does."""
+    import dataclasses
+
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from nemo_muon.megatron.build import ddp_config_kwargs
+    from nemo_muon.megatron.cost_layout import plan_cost_layout, plan_items, tag_with_costs
+    from nemo_muon.megatron.split_plan import planned_owner
+    from tests.megatron_cpu.training import _model, _pg_collection, megatron_parallel, optimizer_config
+
+    with megatron_parallel():
+        chunks = [_model("tiny_kimi_k2", 1, False, 1, 16)[0] for _ in range(2)]
+        opt = dataclasses.replace(optimizer_config("muon"), ns_split_target=1.0)
+        pgs = _pg_collection()
+        tag_with_costs(chunks, opt, pgs)
+        items = plan_items(chunks, opt, pgs)
+        ddp_config = DistributedDataParallelConfig(**{**ddp_config_kwargs(opt), "use_distributed_optimizer": True})
+        layouts = [plan_cost_layout([p for p in c.parameters() if p.requires_grad], None, ddp_config, pgs)
+                   for c in chunks]
+        shard_matches = []
+        for chunk_layout in layouts:
+            for key, layout in chunk_layout.layout.layouts.items():
+                if not key.is_managed_by_layer_wise_optimizer:
+                    continue
+                for p, (start, _, bucket) in layout.param_index_map.items():
+                    lo, hi = layout.bucket_indices[bucket]
+                    shard = (start - lo) // ((hi - lo) // world_size)  # Megatron's _shard_params_from_layout
+                    shard_matches.append(shard == planned_owner(p).rank)
+        loads = [0.0] * world_size
+        for p, item in items.items():
+            split = planned_owner(p).split
+            for r in (split.ranks if split else [planned_owner(p).rank]):
+                loads[r] += split.member_cost if split else item.cost
+        return {"names_unique": len({it.name for it in items.values()}) == len(items),
+                "prefixes": sorted({it.name.split(".")[0] for it in items.values()}),
+                "shard_matches": all(shard_matches) and len(shard_matches) == len(items),
+                "splits_by_chunk": [len(c.splits) for c in layouts], "loads": loads,
+                "layout_loads": [c.loads["dense"] for c in layouts], "target": layouts[0].stage_plan.target}
+
+
+def test_a_stage_of_several_chunks_is_planned_together_and_each_chunk_laid_out_as_planned():
+    """Virtual pipeline stages (Kimi K2's VP4): the split plan covers every chunk of the pipeline rank at once, as
+    ``nemo-muon plan`` plans a stage, and each chunk's layout, computed alone, puts every matrix in its planned
+    owner's shard; the chunks' layer names (alike) are told apart."""
+    if layout_api_problems():
+        assert MCORE.startswith(("0.16.", "0.17."))
+        return
+    ranks = run_distributed(_stage_of_two_chunks, world_size=4, timeout_s=300)
+    for r in ranks:
+        assert r["names_unique"] and r["prefixes"] == ["model0", "model1"]
+        assert r["shard_matches"]
+        assert sum(r["splits_by_chunk"]) > 0 and r["target"] == 1.0
+        assert r["layout_loads"][0] == r["layout_loads"][1] == pytest.approx(r["loads"], rel=1e-12)
+    assert ranks[0]["loads"] == ranks[1]["loads"]
