@@ -208,6 +208,7 @@ class Muon(RoutedOptimizer):
         """The parameters this rank helps with (held by their block's first member); raises for a held split matrix
         without a gradient (its helpers would wait for it)."""
         stepped = {it.param for it in split}
+        held = {id(q) for g in self.param_groups for q in g["params"]}
         helped = []
         for p, share in self._splits.items():
             if share.first_holds and share.index > 0:
@@ -215,7 +216,7 @@ class Muon(RoutedOptimizer):
                     raise RuntimeError(f"split matrix {self._names.get(p)!r}: member {share.index} of its block steps "
                                        "it, but only the first member holds it (first_holds)")
                 helped.append(p)
-            elif p not in stepped and share.first_holds and any(p is q for g in self.param_groups for q in g["params"]):
+            elif p not in stepped and share.first_holds and id(p) in held:
                 raise RuntimeError(f"split matrix {self._names.get(p)!r} has no gradient this step; the other members "
                                    "of its block would wait for it")
         return helped
