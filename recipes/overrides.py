@@ -142,7 +142,9 @@ def _switch_optimizer(recipe: TrainingRecipe, kind: Any) -> Any:
     """The registered optimizer ``kind`` at the recipe's lr and weight decay, its other fields at their defaults (on
     the megatron backend: the registry entry's ``recipe_defaults``, what Megatron-Core can honour). A variant of the
     current optimizer (one config class derived from the other: Muon <-> NorMuon) keeps every field they share, so
-    ``optimizer=normuon`` on a Muon recipe changes the update and nothing else."""
+    ``optimizer=normuon`` on a Muon recipe changes the update and nothing else, except a split target
+    (``ns_split_target``, Kimi K2's Muon recipes: 1.02), which stays only where the new optimizer splits a matrix's
+    update (NorMuon does not: whole tensors, its default)."""
     check_choice("optimizer", kind, names())
     current, spec = recipe.optimizer, spec_named(kind)
     new, old = spec.config_class, type(current)
@@ -150,6 +152,8 @@ def _switch_optimizer(recipe: TrainingRecipe, kind: Any) -> Any:
     if issubclass(new, old) or issubclass(old, new):
         fields_of = [{f.name for f in dataclasses.fields(cls) if f.init} for cls in (new, old)]
         shared = fields_of[0] & fields_of[1]
+        if spec.matrix is None or not spec.matrix.splittable:
+            shared.discard("ns_split_target")
         values.update({name: getattr(current, name) for name in shared})
     return new(**{**values, "lr": current.lr, "weight_decay": current.weight_decay})
 

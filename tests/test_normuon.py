@@ -113,6 +113,9 @@ def test_on_the_megatron_backend_only_our_engine_runs_it():
 
     recipe = apply_overrides(get_recipe("kimi_k2_muon"), ["optimizer=normuon"])
     check_run(recipe)
+    # the switch keeps Muon's fields but the split target, which NorMuon cannot honour (whole tensors)
+    assert get_recipe("kimi_k2_muon").optimizer.ns_split_target == 1.02 and recipe.optimizer.ns_split_target is None
+    assert recipe.optimizer.ns_precision == get_recipe("kimi_k2_muon").optimizer.ns_precision
     with pytest.raises(ValueError, match=r"normuon.engine='megatron' cannot be honoured by Megatron-Core: NorMuon runs "
                                          r"inside Megatron-Core with engine 'nemo_muon' only"):
         check_run(apply_overrides(recipe, ["optimizer.engine=megatron"]))
