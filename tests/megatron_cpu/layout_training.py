@@ -91,22 +91,23 @@ def _layer_wise(optimizer: Any) -> Any:
 
 def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, layout: str, steps: int,
                       optimizer_name: str = "muon", grad_reduce_in_fp32: bool = False,
-                      grad_clip: float = 1.0, split_target: float | None = None) -> dict[str, Any]:
+                      grad_clip: float = 1.0, split_target: float | None = None, ep: int = 1) -> dict[str, Any]:
     """``steps`` steps of the tiny model with our matrix optimizer under DDP wiring ``layout`` (bf16 gradient
     reduction, the product's default, unless ``grad_reduce_in_fp32``); returns the bytes this rank sent in the last step, the
     fp32 masters it owns, the replicas' largest difference, the update cost each rank owns as Megatron derived it
     from the layout, and (layout 'cost') the plan's loads and padding. ``grad_clip`` 0 turns clipping off: the
     wirings sum the clipping norm in different fp32 orders (the legacy layer-wise optimizer over whole owned
     parameters, the chained one over its distributed optimizer's element slices), one ulp apart. ``split_target``:
-    Muon's ``ns_split_target`` (layout 'cost': the plan's splits, by parameter name, are returned)."""
+    Muon's ``ns_split_target`` (layout 'cost': the plan's splits, by parameter name, are returned); ``ep``: expert
+    parallelism (expert-DP = world / ep)."""
     import torch
     import torch.distributed as dist
 
     from nemo_muon.megatron.cost_layout import owned_costs, update_costs
 
-    with megatron_parallel() as parallel_state:
+    with megatron_parallel(**({"expert_model_parallel_size": ep} if ep > 1 else {})) as parallel_state:
         run = replica(spec_name, optimizer_name, layout=layout, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                      split_target=split_target, build_kwargs={"grad_clip": grad_clip})
+                      split_target=split_target, ep=ep, build_kwargs={"grad_clip": grad_clip})
         ddp_model, optimizer = run.ddp_model, run.optimizer
         dp_rank = parallel_state.get_data_parallel_rank()
         micro = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
@@ -135,6 +136,8 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
                 "weights": flat.numpy().copy(), "optimizers": _optimizer_classes(optimizer),
                 "use_distributed_optimizer": bool(ddp_model.ddp_config.use_distributed_optimizer),
                 "owned_costs": owned_costs(layer_wise, costs) if layer_wise is not None else None,
+                "expert_owned_costs": None if getattr(layer_wise, "expt_dp_params_list", None) is None else
+                [sum(costs.get(p, 0.0) for p in params) for params in layer_wise.expt_dp_params_list],
                 "plan_loads": None if plan is None else plan.loads["dense"],
                 "padding": None if plan is None else plan.padding,
                 "splits": None if plan is None else {run.names[id(p)]: list(s.ranks) for p, s in plan.splits.items()}}

@@ -234,3 +234,35 @@ def test_a_stage_of_several_chunks_is_planned_together_and_each_chunk_laid_out_a
         assert sum(r["splits_by_chunk"]) > 0 and r["target"] == 1.0
         assert r["layout_loads"][0] == r["layout_loads"][1] == pytest.approx(r["loads"], rel=1e-12)
     assert ranks[0]["loads"] == ranks[1]["loads"]
+
+
+def test_split_ownership_with_expert_parallelism_plans_experts_first_and_trains_as_whole_tensor_ownership():
+    """EP=2 on 4 ranks (expert-DP 2): the stage plan places the routed experts over expert-DP first, then splits the
+    dense matrices from each rank's expert work; each rank's dense cost plus its expert-DP group's expert cost, as
+    Megatron derived them from the layout, is the plan's load, and one step equals the whole-tensor cost layout's
+    within the distributed NS's fp32 rounding (experts compared within their EP rank: local names repeat)."""
+    if layout_api_problems():
+        assert MCORE.startswith(("0.16.", "0.17."))
+        return
+    args = (1, "muon", True, 0.0)
+    whole = run_distributed(train_with_layout, world_size=4, args=("tiny_kimi_k2", "cost", *args, None, 2),
+                            timeout_s=400)
+    split = run_distributed(train_with_layout, world_size=4, args=("tiny_kimi_k2", "cost", *args, 1.0, 2),
+                            timeout_s=400)
+    assert split[0]["splits"] and split[0]["losses"] == whole[0]["losses"]
+    for r in split:  # dp_cp rank b is EP rank b mod 2's expert-DP replica b div 2 (Megatron's order)
+        executed = [dense + r["expert_owned_costs"][b // 2] for b, dense in enumerate(r["owned_costs"])]
+        assert executed == pytest.approx(r["plan_loads"], rel=1e-12)
+
+    def masters(run: list[dict[str, Any]]) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
+        for rank, result in enumerate(run):
+            for name, value in result["masters"].items():
+                key = (rank % 2, name) if ".experts." in name else name
+                assert key not in out, key
+                out[key] = value
+        return out
+
+    expected, got = masters(whole), masters(split)
+    assert set(got) == set(expected)
+    assert max(float(np.abs(expected[k] - got[k]).max()) for k in got) <= MASTER_TOLERANCE
