@@ -17,13 +17,20 @@ NEWEST_STAMP := $(NEWEST_VENV)/.installed
 NEWEST_TESTS := tests/newest_stack
 # NGC 26.04's and 26.06's stacks (Bridge 0.4 / 0.5, Megatron-Core 0.17 / 0.18): the optimizer through provide(), the
 # recipes' refusal, and Megatron-Core's training and checkpoint resume (the rest of tests/megatron_cpu states 0.16's or
-# 0.18+'s ownership and manifest behaviour, and runs in .venv and .venv-ngc).
+# 0.18+'s ownership and manifest behaviour, and runs in .venv and .venv-ngc; of test_cost_layout.py the two split
+# tests of chunked stages and expert parallelism run in .venv only: the same planning code on 0.18 and 0.19).
 MID_RELEASES := 26.04 26.06
 MID_STAMPS := $(foreach r,$(MID_RELEASES),.venv-ngc-$(r)/.installed)
 MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provider.py test_bridge_recipes_refused.py \
 	test_install_beside_container.py test_bridge_layout.py) $(addprefix tests/megatron_cpu/test_megatron_training.py::,\
 	test_tiny_model_trains_through_megatron test_megatron_checkpoint_resume_continues_the_loss_curve \
-	test_layer_wise_checkpoint_resumes_at_another_data_parallel_size) tests/megatron_cpu/test_cost_layout.py \
+	test_layer_wise_checkpoint_resumes_at_another_data_parallel_size) $(addprefix tests/megatron_cpu/test_cost_layout.py::,\
+	test_an_older_megatron_core_is_refused_naming_what_it_lacks \
+	test_cost_layout_sends_two_thirds_of_the_legacy_bytes_with_the_same_masters \
+	test_without_clipping_the_cost_layout_trains_bit_for_bit_as_the_legacy_path \
+	test_each_rank_owns_the_planned_update_cost_better_balanced_than_megatrons_layout \
+	test_split_ownership_on_the_cost_layout_is_the_plan_and_trains_as_whole_tensor_ownership \
+	test_a_split_target_on_a_layout_not_planned_with_it_is_refused_naming_the_field) \
 	tests/megatron_cpu/test_optimizer_state_checkpoint.py $(NEWEST_TESTS)/test_bridge_checkpoint.py
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
