@@ -37,6 +37,15 @@ def block_groups_of_ways(ways: Iterable[int], dp_group: dist.ProcessGroup,
     return out
 
 
+def every_block_group(dp_group: dist.ProcessGroup, rank: int) -> dict[tuple[int, ...], dist.ProcessGroup]:
+    """`block_groups_of_ways` for every block size a plan over ``dp_group`` could use (``SPLIT_WAYS`` dividing its
+    size): the same groups on every rank whatever each pipeline stage's plan splits, so group counters stay alike."""
+    from nemo_muon.accounting.ns_split import SPLIT_WAYS
+
+    size = dist.get_world_size(dp_group)
+    return block_groups_of_ways([k for k in SPLIT_WAYS if size % k == 0], dp_group, rank)
+
+
 def gather_whole(piece_value: torch.Tensor, pieces: Sequence[Piece], like: torch.Tensor,
                  group: dist.ProcessGroup) -> torch.Tensor:
     """The whole tensor (shaped and typed like ``like``) from every member's slice (``pieces`` in member order)."""

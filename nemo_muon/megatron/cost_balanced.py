@@ -158,12 +158,9 @@ def ns_balanced_class() -> type:
 
         @staticmethod
         def _share_splits(muon: Muon, plan: Any, keys: list[str], params: list[Any], pg: Any, rank: int) -> None:
-            from nemo_muon.accounting.ns_split import SPLIT_WAYS
-            from nemo_muon.layerwise.split_groups import block_groups_of_ways
+            from nemo_muon.layerwise.split_groups import every_block_group
 
-            # every block size the plan could use, on every rank: pipeline stages plan different splits, and the
-            # group counter of every rank must advance alike
-            blocks = block_groups_of_ways([k for k in SPLIT_WAYS if get_pg_size(pg) % k == 0], pg, rank)
+            blocks = every_block_group(pg, rank)  # alike on every rank (pipeline stages split differently)
             for key, p in zip(keys, params, strict=True):
                 sp = plan.splits.get(key)
                 if sp is not None and rank in sp.ranks:

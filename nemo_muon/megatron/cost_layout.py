@@ -318,7 +318,7 @@ def plan_cost_layout(params: Iterable[Any], bucket_size: int | None, ddp_config:
     splits = {}
     if stage is not None:  # the stage plan's loads (every chunk of this pipeline rank), not this chunk's
         loads = {"expert": list(stage.expert_flops), "dense": list(stage.dense.flops)}
-        splits = {p: planned_owner(p).split for p in planned if planned_owner(p).split is not None}
+        splits = {p: split for p in planned if (split := planned_owner(p).split) is not None}
     return CostLayout(FullParamLayout(layouts=layouts), owners, loads, buffer_numel, param_numel, splits, stage)
 
 

@@ -42,8 +42,7 @@ def attach_split_shares(optimizer: Any, model_chunks: Sequence[Any], pg_collecti
     part in. Raises, naming ``ns_split_target``, unless the model was tagged and laid out with ``target``."""
     from megatron.core.utils import get_pg_rank, get_pg_size
 
-    from nemo_muon.accounting.ns_split import SPLIT_WAYS
-    from nemo_muon.layerwise.split_groups import block_groups_of_ways
+    from nemo_muon.layerwise.split_groups import every_block_group
     from nemo_muon.megatron.cost_layout import is_layer_wise_matrix
     from nemo_muon.megatron.split_plan import planned_owner
     from nemo_muon.optim.muon import SplitShare
@@ -61,9 +60,7 @@ def attach_split_shares(optimizer: Any, model_chunks: Sequence[Any], pg_collecti
         return 0
     rank = get_pg_rank(pg)
     splits = [(p, o.split) for p, o in zip(matrices, plans, strict=True) if o.split is not None]
-    # every block size the plan could use, on every rank: pipeline stages plan different splits, and the group
-    # counter of every rank must advance alike
-    blocks = block_groups_of_ways([k for k in SPLIT_WAYS if get_pg_size(pg) % k == 0], pg, rank)
+    blocks = every_block_group(pg, rank)  # alike on every rank (pipeline stages split differently)
     muons = [(raw, _masters(wrapper)) for wrapper, raw in _our_muons(optimizer)]
     taken = 0
     for p, split in splits:
