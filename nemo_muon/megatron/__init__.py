@@ -8,6 +8,8 @@ of Megatron-Core, Bridge or NeMo:
 * `registration`: nemo-muon's Muon inside Megatron-Core's layer-wise distributed optimizer (engine 'nemo_muon');
 * `cost_balanced`: on Megatron-Core 0.16, that optimizer owning the matrices by update cost (and split ownership);
 * `cost_layout`: on Megatron-Core >= 0.18, DDP's layer-wise parameter layout owned by update cost (reduce-scatter);
+* `owner_reduce`, `owner_gather`: on Megatron-Core 0.16 / 0.17, gradients reduced to their owners and parameters
+  all-gathered in the next forward (instead of DDP's all-reduce and the step's all-gather);
 * `split_plan`: on Megatron-Core >= 0.18 with a split target, the stage's ownership plan that layout encodes;
 * `split_shares`: on Megatron-Core >= 0.18, our Muon's block shares of the matrices that layout split;
 * `bridge_layout`: that layout inside Megatron-Bridge 0.5 / 0.6's own DDP wrap (a pinned hook point);
@@ -32,7 +34,8 @@ from typing import Any
 SUBMODULES: tuple[str, ...] = ("bridge", "bridge_hook", "bridge_layout", "bridge_perf_recipes", "bridge_presets",
                                "bridge_provider", "build", "model_config", "nemo2", "nonfinite", "optimizer_config",
                                "checkpoint_files", "cost_balanced", "cost_layout", "recipe_rules", "registration",
-                               "split_plan", "split_shares", "stack", "state_checkpoint", "class_switch")
+                               "split_plan", "split_shares", "stack", "state_checkpoint", "class_switch",
+                               "owner_reduce", "owner_gather")
 
 
 def __getattr__(name: str) -> Any:

@@ -48,12 +48,13 @@ def mpu_process_groups() -> Any:
 
 
 def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
-                 config_overrides: Any = None) -> Any:
+                 config_overrides: Any = None, collectives: str | None = None) -> Any:
     """Engine 'nemo_muon' (our Muon / SOAP inside Megatron's layer-wise optimizer) on the installed Megatron-Core:
     the layer-wise assembly on 0.16 / 0.17, the emerging-optimizer registry on >= 0.18 (chosen by ``config``'s
     fields; there ``ns_split_target`` needs DDP on the cost layout planned with it, whose split matrices get their
     block shares here). ``config``: a Megatron `OptimizerConfig` our mapping wrote from ``opt``; ``config_overrides``: Megatron's
-    per-parameter overrides (Bridge's weight-decay rules)."""
+    per-parameter overrides (Bridge's weight-decay rules). ``collectives`` (0.16 / 0.17 only, default
+    'reduce_scatter'): `registration.COLLECTIVES_016`; on >= 0.18 DDP's parameter layout decides."""
     from nemo_muon.megatron import registration
 
     check_installed_stack(opt.name, optimizer_engine(opt))
@@ -61,7 +62,11 @@ def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_
         raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
                          "optimizer; got None")
     if api_for_fields({f.name for f in dataclasses.fields(config)}) == API_016:
-        return registration.build_layer_wise_016(config, model_chunks, pg_collection, config_overrides, ours=opt)
+        return registration.build_layer_wise_016(config, model_chunks, pg_collection, config_overrides, ours=opt,
+                                                 collectives=collectives or "reduce_scatter")
+    if collectives is not None:
+        raise ValueError(f"collectives is decided by DDP's parameter layout on Megatron-Core >= 0.18 (the cost layout "
+                         f"reduce-scatters); got collectives={collectives!r}")
     optimizer = registration.build_layer_wise_018(config, model_chunks, pg_collection, ours=opt,
                                                   config_overrides=config_overrides)
     target = getattr(opt, "ns_split_target", None)
@@ -73,16 +78,20 @@ def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_
 
 
 def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: MegatronOptimizerSpec,
-                               model_chunks: list[Any], *, pg_collection: Any = None) -> Any:
+                               model_chunks: list[Any], *, pg_collection: Any = None,
+                               collectives: str | None = None) -> Any:
     """The Megatron optimizer of ``config`` (an `OptimizerConfig` from `to_megatron_optimizer_config`, possibly
     adjusted by a framework, e.g. NeMo's precision plugin) for DDP-wrapped ``model_chunks``.
 
     ``pg_collection`` (a `ProcessGroupCollection` with ``dp_cp`` and ``expt_dp`` set) is required by the layer-wise
-    optimizer of Megatron-Core >= 0.18 and passed explicitly; no process group is looked up here.
+    optimizer of Megatron-Core >= 0.18 and passed explicitly; no process group is looked up here. ``collectives``:
+    engine 'nemo_muon' on 0.16 / 0.17 (`build_engine`).
     """
     check_installed_stack(opt.name, optimizer_engine(opt))
     if spec.builder == BUILDER_NEMO_MUON:
-        return build_engine(opt, config, model_chunks, pg_collection)
+        return build_engine(opt, config, model_chunks, pg_collection, collectives=collectives)
+    if collectives is not None:
+        raise ValueError(f"collectives applies to engine 'nemo_muon'; {opt.name} is built by {spec.builder}")
     if spec.api == API_016 and spec.builder == "get_megatron_muon_optimizer":
         from megatron.core.optimizer.muon import get_megatron_muon_optimizer
 
@@ -106,10 +115,12 @@ def build_megatron_optimizer(
     layerwise: bool = True,
     pg_collection: Any = None,
     min_lr: float | None = None,
+    collectives: str | None = None,
 ) -> tuple[Any, Any]:
     """(Megatron optimizer, its `OptimizerConfig`) for DDP-wrapped ``model_chunks`` (see `build_from_megatron_config`).
     ``min_lr``: the floor Megatron's `OptimizerParamScheduler` decays to (None: no scheduler drives it)."""
     check_installed_stack(opt.name, optimizer_engine(opt))
     config, spec = to_megatron_optimizer_config(opt, grad_clip=grad_clip, bf16=bf16, layerwise=layerwise,
                                                 min_lr=min_lr)
-    return build_from_megatron_config(opt, config, spec, model_chunks, pg_collection=pg_collection), config
+    return build_from_megatron_config(opt, config, spec, model_chunks, pg_collection=pg_collection,
+                                      collectives=collectives), config

@@ -5,8 +5,10 @@ ping-pong (``megatron/core/optimizer/layer_wise_optimizer.py``, ``shard_params``
 the orthogonalization work: an (m, n) matrix costs ~ m²n + m³ Newton–Schulz FLOPs, not m·n. `ns_balanced_class`
 returns a subclass whose ``shard_params`` places the matrix optimizer's parameters (ours: `MegatronMuon` /
 `MegatronSOAP`, the first optimizer) by LPT on the cost model of its registry entry (``spec.matrix``, the one the
-torch backend's engine and the planner use), and Adam's parameters (near-free updates) ping-pong by numel as
-Megatron does, each within its own domain (experts over ``expt_dp`` first, then the dense matrices over ``dp_cp``,
+torch backend's engine and the planner use), and Adam's parameters (near-free updates) by LPT on their numel from
+the elements each rank's matrices hold (Megatron deals them out by numel alone), so that every rank owns about as
+many bytes, which is what a gradient reduced to its owners sends (`nemo_muon.megatron.owner_reduce`), each within
+its own domain (experts over ``expt_dp`` first, then the dense matrices over ``dp_cp``,
 starting from the expert work each rank already has, as ``nemo-muon plan`` models it). Everything else
 (all-gather of the owned shards, master weights, checkpoints) is Megatron's, unchanged.
 
@@ -14,7 +16,7 @@ Split ownership (``MuonConfig.ns_split_target``, 0.16, Muon, TP = 1): the dense 
 `nemo_muon.accounting.ownership_plan.plan_ownership` with a balance target, exactly as the whole-tensor optimizer plans them
 (``accounting.ns_split``, counting the extra all-gather of the update). A split matrix stays whole in the optimizer
 of every member of its block (each holds the fp32 master and the momentum, and receives the full reduced gradient:
-0.16's DDP all-reduces); our Muon runs its Newton–Schulz distributed over the block (`Muon.share_split`), so every
+`nemo_muon.megatron.owner_reduce` all-reduces it); our Muon runs its Newton–Schulz distributed over the block (`Muon.share_split`), so every
 member computes the identical update; the block's first rank shares the parameter in Megatron's all-gather. The
 gradient norm and zero count skip the other members' copies, and their checkpoint tensors are marked as replicas.
 
@@ -30,7 +32,7 @@ import functools
 from typing import Any
 
 from nemo_muon.accounting.ns_split import split_options
-from nemo_muon.accounting.ownership_plan import PlanItem, ping_pong_assign, plan_ownership
+from nemo_muon.accounting.ownership_plan import PlanItem, lpt_assign, plan_ownership
 from nemo_muon.optim.fused import split_parts
 from nemo_muon.optim.muon import Muon, SplitShare
 from nemo_muon.optim.routed import RoutedOptimizer
@@ -100,6 +102,8 @@ def ns_balanced_class() -> type:
             self.split_plan: Any = None
             self.dense_plan: Any = None
             """The dense matrices' `OwnershipPlan` over dp_cp (``flops`` include each rank's expert work)."""
+            self.split_holders: dict[int, tuple[int, ...]] = {}
+            """id of a split matrix -> the dp_cp ranks of its block (each holds a copy and reads its gradient)."""
             super().__init__(optimizers, config, pg_collection, init_state_fn_list)
 
         def shard_params(self, optimizers: list[Any]) -> None:
@@ -137,13 +141,16 @@ def ns_balanced_class() -> type:
                 if target is not None:
                     self.split_plan = plan
                     self._share_splits(matrix_opt, plan, keys, [p for p, _, _ in matrices], pg, rank)
-                other_owner = ping_pong_assign([p.numel() for p, _, _ in others], size)
                 per_rank: list[list[Any]] = [[] for _ in range(size)]
                 for key, (p, index, _) in zip(keys, matrices, strict=True):
                     sp = plan.splits.get(key)
                     per_rank[plan.owners[key]].append(p)  # the block's first rank shares it
+                    if sp is not None:
+                        self.split_holders[id(p)] = tuple(sp.ranks)
                     if (sp is not None and rank in sp.ranks) or (sp is None and plan.owners[key] == rank):
                         kept[index].append(p)
+                matrix_numel = [sum(p.numel() for p in params) for params in per_rank]
+                other_owner = lpt_assign([p.numel() for p, _, _ in others], size, initial_loads=matrix_numel)
                 for (p, index, _), owner in zip(others, other_owner, strict=True):
                     per_rank[owner].append(p)
                     if owner == rank:

@@ -53,6 +53,9 @@ from nemo_muon.registry import OptimizerSpec, check_split_target, resolve, spec_
 OURS_ATTRIBUTE = "nemo_muon_config"
 """The attribute of (our copy of) Megatron's `OptimizerConfig` that carries the recipe's validated config to our
 registry entries' ``config_to_kwargs`` (Megatron-Core >= 0.18)."""
+COLLECTIVES_016 = ("reduce_scatter", "all_reduce")
+"""How gradients and parameters travel on Megatron-Core 0.16 / 0.17 (`build_layer_wise_016`): reduced to their owners
+and gathered in the next forward, or Megatron's legacy all-reduce and end-of-step all-gather."""
 OWNERSHIPS = ("ns_cost", "megatron")
 """Who owns which matrix on Megatron-Core 0.16 (`build_layer_wise_016`): LPT on the update cost, or Megatron's own."""
 
@@ -209,13 +212,17 @@ def register_with_megatron() -> None:
 
 
 def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: Any, config_overrides: Any = None, *,
-                         ours: OptimizerConfig, ownership: str = "ns_cost") -> Any:
+                         ours: OptimizerConfig, ownership: str = "ns_cost",
+                         collectives: str = "reduce_scatter") -> Any:
     """Megatron-Core 0.16: our Muon for the 2-D non-embedding weights, Megatron's Adam for the rest, both inside
     Megatron's `LayerWiseDistributedOptimizer` (the assembly `get_megatron_muon_optimizer` does, with our class).
     ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), applied to both parts.
     ``ours``: the recipe's validated optimizer config; its registry entry names the class, its fields are the
     keyword arguments (`engine_kwargs`). ``ownership``: 'ns_cost' (LPT on the update cost,
-    `nemo_muon.megatron.cost_balanced`) or 'megatron' (Megatron's numel ping-pong, for comparison)."""
+    `nemo_muon.megatron.cost_balanced`) or 'megatron' (Megatron's numel ping-pong, for comparison).
+    ``collectives``: 'reduce_scatter' (gradients reduced to their owners, `owner_reduce`; parameters all-gathered in
+    the next forward, `owner_gather`) or 'all_reduce' (Megatron's legacy wiring: DDP all-reduces, the step
+    all-gathers); the DDP chunks must not use the distributed optimizer (no layout exists before 0.18)."""
     from megatron.core.optimizer import _get_param_groups, get_megatron_optimizer
     from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
 
@@ -224,6 +231,8 @@ def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: An
     if config.use_distributed_optimizer or config.fp16:
         raise ValueError("the layer-wise optimizer needs use_distributed_optimizer=False and fp16=False; got "
                          f"use_distributed_optimizer={config.use_distributed_optimizer}, fp16={config.fp16}")
+    if collectives not in COLLECTIVES_016:
+        raise ValueError(f"collectives must be one of {COLLECTIVES_016}; got {collectives!r}")
     matrices, others = [], []
     for chunk in model_chunks:
         for _, p in chunk.named_parameters():
@@ -262,7 +271,29 @@ def build_layer_wise_016(config: Any, model_chunks: list[Any], pg_collection: An
     else:
         layer_wise = LayerWiseDistributedOptimizer(optimizers, config, pg_collection, init_state_fn_list=init_fns)
     finish_wrapping(layer_wise)
-    return apply_nonfinite_policy(layer_wise, nonfinite_policy(ours))
+    apply_nonfinite_policy(layer_wise, nonfinite_policy(ours))
+    if collectives == "reduce_scatter":
+        _reduce_scatter_016(layer_wise, model_chunks, pg_collection)
+    return layer_wise
+
+
+def _reduce_scatter_016(layer_wise: Any, model_chunks: list[Any], pg_collection: Any) -> None:
+    """Gradients reduced to their owners and parameters gathered in the next forward, on DDP-wrapped chunks
+    without the distributed optimizer (`owner_reduce`, `owner_gather`); nothing at data-parallel size 1."""
+    from nemo_muon.megatron.owner_gather import gather_in_forward
+    from nemo_muon.megatron.owner_reduce import reduce_to_owners
+
+    if layer_wise.dp_cp_params_list is None:
+        return
+    for chunk in model_chunks:
+        ddp_config = getattr(chunk, "ddp_config", None)
+        if ddp_config is None or not hasattr(chunk, "bucket_groups"):
+            raise TypeError(f"collectives='reduce_scatter' needs DDP-wrapped model chunks; got {type(chunk).__name__}")
+        if ddp_config.use_distributed_optimizer:
+            raise ValueError("the layer-wise optimizer on Megatron-Core 0.16 / 0.17 needs DDP with "
+                             "use_distributed_optimizer=False; got True")
+    reduce_to_owners(layer_wise, model_chunks, pg_collection)
+    gather_in_forward(layer_wise, model_chunks, pg_collection)
 
 
 def _init_adam_state(opt: torch.optim.Optimizer, config: Any = None) -> None:

@@ -22,6 +22,8 @@ def test_bridge_setup_optimizer_builds_and_trains_ours(spec, optimizer, ours):
     assert result["hook_installed"]
     assert "NsBalancedLayerWiseOptimizer" in result["optimizers"] and ours in result["optimizers"]  # 0.16: by NS cost
     assert "TensorParallelMuon" not in result["optimizers"]
+    # gradients reduced to their owners, parameters gathered in the next forward (nemo_muon.megatron.owner_reduce)
+    assert result["grads_to_owners"] and all(result["grads_to_owners"]) and result["gathers_in_flight_after_step"] > 0
     losses = result["losses"]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
     assert result["replica_max_diff"] == 0.0

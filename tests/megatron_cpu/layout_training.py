@@ -16,6 +16,7 @@ from tests.megatron_cpu.training import (
     _optimizer_classes,
     megatron_parallel,
     replica,
+    settle,
 )
 
 _COLLECTIVES = {  # name -> (position of the tensor this rank contributes, position of the group, kind)
@@ -23,12 +24,15 @@ _COLLECTIVES = {  # name -> (position of the tensor this rank contributes, posit
     "all_gather": (1, 2, "all_gather"), "all_gather_into_tensor": (1, 2, "all_gather_into_tensor"),
     "_all_gather_base": (1, 2, "all_gather_into_tensor"),
     "reduce_scatter_tensor": (1, 3, "reduce_scatter_tensor"), "_reduce_scatter_base": (1, 3, "reduce_scatter_tensor"),
-    "scatter": (0, 2, "scatter"), "gather": (0, 2, "gather"),
+    "scatter": (0, 2, "scatter"), "gather": (0, 2, "gather"), "reduce": (0, 3, "reduce"),
 }
 
 
-def _wire_bytes(kind: str, args: tuple, nbytes: int, n: int) -> float:
-    """Bytes one rank sends in a ring implementation of the collective (bandwidth-optimal algorithms)."""
+def _wire_bytes(kind: str, args: tuple, nbytes: int, n: int, dst: int | None = None) -> float:
+    """Bytes one rank sends in a ring implementation of the collective (bandwidth-optimal algorithms); ``dst``: a
+    reduce's destination, when it is this rank."""
+    if kind == "reduce":  # a pipelined chain: every member but the destination forwards the payload once
+        return 0.0 if dst is not None else float(nbytes)
     if kind == "all_reduce":
         return 2 * (n - 1) / n * nbytes
     if kind == "reduce_scatter_tensor":  # the input is the whole bucket
@@ -61,8 +65,10 @@ def counting_collectives() -> Iterator[dict[str, list[float]]]:
             if n > 1:
                 tensor = args[tensor_at] if len(args) > tensor_at else next(
                     v for k, v in kwargs.items() if k in ("tensor", "input_tensor", "input"))
+                dst = (args[1] if len(args) > 1 else kwargs.get("dst")) if kind == "reduce" else None
                 stats[kind][0] += 1
-                stats[kind][1] += _wire_bytes(kind, args, tensor.numel() * tensor.element_size(), n)
+                stats[kind][1] += _wire_bytes(kind, args, tensor.numel() * tensor.element_size(), n,
+                                              dst if dst == dist.get_rank() else None)
             return original(*args, **kwargs)
         return wrapper
 
@@ -91,7 +97,8 @@ def _layer_wise(optimizer: Any) -> Any:
 
 def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, layout: str, steps: int,
                       optimizer_name: str = "muon", grad_reduce_in_fp32: bool = False,
-                      grad_clip: float = 1.0, split_target: float | None = None, ep: int = 1) -> dict[str, Any]:
+                      grad_clip: float = 1.0, split_target: float | None = None, ep: int = 1,
+                      collectives: str | None = None) -> dict[str, Any]:
     """``steps`` steps of the tiny model with our matrix optimizer under DDP wiring ``layout`` (bf16 gradient
     reduction, the product's default, unless ``grad_reduce_in_fp32``); returns the bytes this rank sent in the last step, the
     fp32 masters it owns, the replicas' largest difference, the update cost each rank owns as Megatron derived it
@@ -99,15 +106,17 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
     wirings sum the clipping norm in different fp32 orders (the legacy layer-wise optimizer over whole owned
     parameters, the chained one over its distributed optimizer's element slices), one ulp apart. ``split_target``:
     Muon's ``ns_split_target`` (layout 'cost': the plan's splits, by parameter name, are returned); ``ep``: expert
-    parallelism (expert-DP = world / ep)."""
+    parallelism (expert-DP = world / ep); ``collectives``: Megatron-Core 0.16 / 0.17's wiring of our engine
+    (`nemo_muon.megatron.registration.COLLECTIVES_016`; None: the default)."""
     import torch
     import torch.distributed as dist
 
-    from nemo_muon.megatron.cost_layout import owned_costs, update_costs
+    from nemo_muon.megatron.cost_layout import layout_api_problems, owned_costs, update_costs
 
     with megatron_parallel(**({"expert_model_parallel_size": ep} if ep > 1 else {})) as parallel_state:
         run = replica(spec_name, optimizer_name, layout=layout, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                      split_target=split_target, ep=ep, build_kwargs={"grad_clip": grad_clip})
+                      split_target=split_target, ep=ep,
+                      build_kwargs={"grad_clip": grad_clip, **({"collectives": collectives} if collectives else {})})
         ddp_model, optimizer = run.ddp_model, run.optimizer
         dp_rank = parallel_state.get_data_parallel_rank()
         micro = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
@@ -124,19 +133,22 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
             loss = loss.reshape(1).float()
             dist.all_reduce(loss, group=group)
             losses.append(float(loss) / world_size)
+        gathers = getattr(ddp_model, "param_gathers", None)  # 0.16 / 0.17 reduce-scatter: gathered in the next forward
+        in_flight = 0 if gathers is None else gathers.in_flight()
+        settle(ddp_model)
         flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
         replicas = [torch.zeros_like(flat) for _ in range(world_size)]
         dist.all_gather(replicas, flat, group=group)
-        costs = update_costs([ddp_model.module], run.opt, run.pgs)
+        costs = None if layout_api_problems() else update_costs([ddp_model.module], run.opt, run.pgs)  # >= 0.18
         plan = getattr(ddp_model, "cost_layout_plan", None)
         layer_wise = _layer_wise(optimizer)
-        return {"losses": losses, "sent_last_step": sum(v[1] for v in sent[-1].values()),
+        return {"losses": losses, "gathers_in_flight_after_step": in_flight, "sent_last_step": sum(v[1] for v in sent[-1].values()),
                 "sent_by_kind": sent[-1], "masters": _masters(optimizer, run.names),
                 "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas),
                 "weights": flat.numpy().copy(), "optimizers": _optimizer_classes(optimizer),
                 "use_distributed_optimizer": bool(ddp_model.ddp_config.use_distributed_optimizer),
-                "owned_costs": owned_costs(layer_wise, costs) if layer_wise is not None else None,
-                "expert_owned_costs": None if getattr(layer_wise, "expt_dp_params_list", None) is None else
+                "owned_costs": owned_costs(layer_wise, costs) if layer_wise is not None and costs else None,
+                "expert_owned_costs": None if getattr(layer_wise, "expt_dp_params_list", None) is None or not costs else
                 [sum(costs.get(p, 0.0) for p in params) for params in layer_wise.expt_dp_params_list],
                 "plan_loads": None if plan is None else plan.loads["dense"],
                 "padding": None if plan is None else plan.padding,

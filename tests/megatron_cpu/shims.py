@@ -84,10 +84,11 @@ SHIMS: dict[str, Shim] = {s.name: s for s in (
          "(0.16 only)", ("megatron/core/transformer/moe/moe_utils.py",),
          "0.16's RouterGatingLinearFunction.forward (moe_router_dtype='fp32', Kimi K2's router) reads the module "
          "global te_general_gemm, which is only assigned when TE imports", r"name 'te_general_gemm' is not defined"),
-    Shim("gloo_uneven_all_gather", "torch.distributed.all_gather of unequal sizes over gloo -> padded to the largest "
-         "(0.16 only)", ("megatron/core/optimizer/layer_wise_optimizer.py",),
-         "0.16's LayerWiseDistributedOptimizer.allgather_params gathers each rank's flattened matrices, of unequal "
-         "sizes, in one all_gather; NCCL accepts unequal sizes, gloo does not", r"invalid tensor size"),
+    Shim("gloo_uneven_all_gather", "torch.distributed.all_gather of unequal sizes over gloo -> padded to the largest, "
+         "also asynchronous (0.16 only)", ("nemo_muon/megatron/owner_gather.py",),
+         "0.16's LayerWiseDistributedOptimizer.allgather_params (the legacy wiring) and nemo-muon's gather in the next "
+         "forward (owner_gather, the default) gather each rank's flattened matrices, of unequal sizes; NCCL accepts "
+         "unequal sizes, gloo does not", r"invalid tensor size"),
     Shim("cuda_side_stream", "torch.cuda.Stream() -> a no-op stream, torch.cuda.stream(s) -> a null context "
          "(Megatron's DDP wrap only)", ("megatron/training/models/dist_utils.py",),
          "megatron.training's _ddp_wrap (Bridge 0.5 / 0.6's model setup) builds DDP inside a new CUDA side stream",
@@ -122,6 +123,8 @@ def _megatron_caller() -> str:
         name = frame.f_code.co_filename
         if "megatron" + os.sep in name and os.sep + "tests" + os.sep not in name:
             rel = name.split("site-packages" + os.sep, 1)[-1]
+            if "site-packages" + os.sep not in name and os.sep + "nemo_muon" + os.sep in name:  # our own caller
+                rel = "nemo_muon" + os.sep + name.split(os.sep + "nemo_muon" + os.sep, 1)[1]
             return f"{rel}:{frame.f_lineno} ({frame.f_code.co_name})"
         frame = frame.f_back
     return "?"
@@ -275,6 +278,18 @@ def install(without: Iterable[str] = ()) -> list[Shim]:
     return [s for n, s in SHIMS.items() if n not in skip]
 
 
+class _UnpaddingWork:
+    """An asynchronous padded all-gather's handle: ``wait`` waits, then copies each piece out of its padding."""
+
+    def __init__(self, work: object, unpad: object) -> None:
+        self._work, self._unpad = work, unpad
+
+    def wait(self, *args: object) -> bool:
+        self._work.wait(*args)
+        self._unpad()
+        return True
+
+
 def _install_uneven_all_gather() -> None:
     import torch.distributed as dist
 
@@ -282,17 +297,23 @@ def _install_uneven_all_gather() -> None:
 
     def all_gather(tensor_list, tensor, group=None, async_op=False):  # noqa: ANN001, ANN202 - torch's signature
         sizes = {t.numel() for t in tensor_list} | {tensor.numel()}
-        if len(sizes) == 1 or async_op or dist.get_backend(group) != "gloo":
+        if len(sizes) == 1 or dist.get_backend(group) != "gloo":
             return original(tensor_list, tensor, group=group, async_op=async_op)
         SHIMS["gloo_uneven_all_gather"].record()
         longest = max(sizes)
         padded = torch.zeros(longest, dtype=tensor.dtype, device=tensor.device)
         padded[: tensor.numel()] = tensor.reshape(-1)
         gathered = [torch.empty_like(padded) for _ in tensor_list]
-        original(gathered, padded, group=group)
-        for out, full in zip(tensor_list, gathered, strict=True):
-            out.copy_(full[: out.numel()].view_as(out))
-        return None
+        work = original(gathered, padded, group=group, async_op=async_op)
+
+        def unpad() -> None:
+            for out, full in zip(tensor_list, gathered, strict=True):
+                out.copy_(full[: out.numel()].view_as(out))
+
+        if not async_op:
+            unpad()
+            return None
+        return _UnpaddingWork(work, unpad)  # nemo_muon's owner_gather gathers asynchronously (in the next forward)
 
     dist.all_gather = all_gather
 

@@ -303,6 +303,14 @@ def _checkpoint_state(ddp_model, optimizer, *, loading: bool) -> dict:
                                                                          metadata=CHECKPOINT_METADATA)}
 
 
+def settle(ddp_model) -> None:
+    """Finish the parameter gathers a Megatron-Core 0.16 / 0.17 step leaves to the next forward
+    (`nemo_muon.megatron.owner_gather`), before reading the parameters outside a forward."""
+    gathers = getattr(ddp_model, "param_gathers", None)
+    if gathers is not None:
+        gathers.finish()
+
+
 def resume_from(ddp_model, optimizer, checkpoint_dir: str, state_for_load: dict | None = None) -> None:
     """Megatron's `dist_checkpointing.load` of ``checkpoint_dir`` into the model and the optimizer, as
     megatron.training resumes (``state_for_load``: the sharded state dict, when the caller built it already)."""
@@ -408,6 +416,8 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
                     momentum_diff = max(momentum_diff, float((my_buf - ref_buf).abs().max()))
                     mine.copy_(ref)
                     my_buf.copy_(ref_buf)
+                settle(ours_model)
+                settle(theirs_model)
                 for mine, ref in zip(ours_model.module.parameters(), theirs_model.module.parameters(), strict=True):
                     mine.copy_(ref)
             per_step.append({"master_max_abs_diff": master_diff, "master_max_abs": scale,
@@ -547,6 +557,7 @@ def expert_parallel_training(rank: int, world_size: int, group: Any, spec_name: 
             ok, _, _ = optimizer.step()
             if not ok:
                 raise RuntimeError(f"optimizer step {step} was skipped")
+        settle(ddp_model)
         named = list(ddp_model.module.named_parameters())
         owned = sorted(_matrix_masters(optimizer, {id(p): n for n, p in named}))
 
@@ -633,6 +644,7 @@ def nonfinite_gradient_on_one_rank(rank: int, world_size: int, group: Any, spec_
                 torch.equal(_bits(before[k]), _bits(after[k])) for k in before)
             steps.append({"ok": bool(ok), "grad_norm": None if grad_norm is None else float(grad_norm),
                           "untouched": untouched})
+        settle(ddp_model)
         flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
         replicas = [torch.zeros_like(flat) for _ in range(world_size)]
         dist.all_gather(replicas, flat, group=group)
@@ -721,6 +733,7 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             if save_after is not None and step + 1 == save_after:
                 dist_checkpointing.save(_checkpoint_state(ddp_model, checkpointed or optimizer, loading=False),
                                         checkpoint_dir, **integrity_check())
+        settle(ddp_model)
         flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
         replicas = [torch.zeros_like(flat) for _ in range(world_size)]
         dist.all_gather(replicas, flat, group=group)
@@ -786,10 +799,15 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
             loss = step_loss.reshape(1)
             dist.all_reduce(loss, group=group)
             losses.append(float(loss) / world_size)
+        gathers = getattr(ddp_model, "param_gathers", None)  # 0.16 / 0.17: parameters gathered in the next forward
+        in_flight = 0 if gathers is None else gathers.in_flight()
+        settle(ddp_model)
         flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
         replicas = [torch.zeros_like(flat) for _ in range(world_size)]
         dist.all_gather(replicas, flat, group=group)
-        return {"losses": losses, "optimizers": _optimizer_classes(optimizer), "hook_installed": bridge_hook.installed(),
+        return {"losses": losses, "gathers_in_flight_after_step": in_flight,
+                "grads_to_owners": [hasattr(g, "owner_routes") for g in ddp_model.bucket_groups],
+                "optimizers": _optimizer_classes(optimizer), "hook_installed": bridge_hook.installed(),
                 "config_class": type(optimizer_config).__name__, "provides": hasattr(optimizer_config, "provide"),
                 "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas)}
 
@@ -807,6 +825,7 @@ def _state_tensors(ddp_model, optimizer, names: dict[int, str]) -> dict[str, Any
     """Copies of every model weight, fp32 master and optimizer-state tensor, by a readable label."""
     import torch
 
+    settle(ddp_model)
     tensors = {f"weight {n}": p.detach().clone() for n, p in ddp_model.module.named_parameters()}
     tensors |= {f"master {n}": torch.from_numpy(m) for n, m in _masters(optimizer, names).items()}
     for i, sub in enumerate(getattr(optimizer, "chained_optimizers", [optimizer])):

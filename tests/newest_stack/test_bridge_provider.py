@@ -29,6 +29,10 @@ def test_bridge_setup_optimizer_provides_and_trains_ours(spec, optimizer, ours):
                   else "LayerWiseDistributedOptimizer")
     assert ours in result["optimizers"] and layer_wise in result["optimizers"]
     assert "TensorParallelMuon" not in result["optimizers"]
+    # 0.17: gradients reduced to their owners, parameters gathered in the next forward (owner_reduce); >= 0.18: the
+    # legacy wiring here (Bridge's DDP on the cost layout: test_bridge_layout.py)
+    assembly = stack_release().mcore_integration == MCORE_ASSEMBLY
+    assert all(result["grads_to_owners"]) == assembly and (result["gathers_in_flight_after_step"] > 0) == assembly
     losses = result["losses"]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
     assert result["replica_max_diff"] == 0.0
