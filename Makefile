@@ -30,6 +30,7 @@ MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provid
 	test_without_clipping_the_cost_layout_trains_bit_for_bit_as_the_legacy_path \
 	test_each_rank_owns_the_planned_update_cost_better_balanced_than_megatrons_layout \
 	test_split_ownership_on_the_cost_layout_is_the_plan_and_trains_as_whole_tensor_ownership \
+	test_split_ownership_on_the_cost_layout_resumes_from_a_checkpoint_bit_for_bit \
 	test_a_split_target_on_a_layout_not_planned_with_it_is_refused_naming_the_field) \
 	tests/megatron_cpu/test_owner_collectives.py \
 	tests/megatron_cpu/test_optimizer_state_checkpoint.py $(NEWEST_TESTS)/test_bridge_checkpoint.py

@@ -106,6 +106,29 @@ def test_each_rank_owns_the_planned_update_cost_better_balanced_than_megatrons_l
     assert cost[0]["replica_max_diff"] == 0.0
 
 
+def test_split_ownership_on_the_cost_layout_resumes_from_a_checkpoint_bit_for_bit(tmp_path):
+    """DP=4, target 1.0 (blocks of 2 and 4): Megatron's ``dist_checkpointing`` save after step 1 and a resume give
+    steps 2 and 3 bit for bit, losses and masters: a split matrix's master and momentum live with its block's first
+    rank alone, checkpointed as whole-tensor ownership's are, and the block shares are attached again at build."""
+    from tests.megatron_cpu.training import train_tiny
+
+    if layout_api_problems():
+        assert MCORE.startswith(("0.16.", "0.17."))  # 0.16's split resume: test_megatron_training.py
+        return
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    tail = ("builder", False, True, 1.0, "cost")  # build, fp32 grads, with masters, split target, layout
+    straight = run_distributed(train_tiny, world_size=4, args=("tiny_kimi_k2", "muon", 3, (), str(ckpt), 1, None,
+                                                               *tail), timeout_s=400, daemon=False)
+    resumed = run_distributed(train_tiny, world_size=4, args=("tiny_kimi_k2", "muon", 2, (), str(ckpt), None, 1,
+                                                              *tail), timeout_s=400, daemon=False)
+    assert straight[0]["split"] and resumed[0]["split"] == straight[0]["split"]
+    assert resumed[0]["losses"] == straight[0]["losses"][1:]
+    expected, got = _masters(straight), _masters(resumed)
+    assert got.keys() == expected.keys() and all(np.array_equal(expected[n], got[n]) for n in got)
+    assert resumed[0]["replica_max_diff"] == 0.0
+
+
 @pytest.mark.parametrize("world_size, timeout_s", [(4, 400)])  # blocks of 2 and 4 ranks
 def test_split_ownership_on_the_cost_layout_is_the_plan_and_trains_as_whole_tensor_ownership(world_size, timeout_s):
     """Megatron-Core >= 0.18 with ``ns_split_target`` (issue 25): the cost layout puts each matrix the plan splits

@@ -685,7 +685,7 @@ def _nemo2_optimizer(opt, ddp_model, build: str, steps: int):
 def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer_name: str, steps: int,
                without_shims: tuple[str, ...] = (), checkpoint_dir: str | None = None, save_after: int | None = None,
                resume_at: int | None = None, build: str = "builder", grad_reduce_in_fp32: bool = False,
-               with_masters: bool = False, split_target: float | None = None) -> dict[str, Any]:
+               with_masters: bool = False, split_target: float | None = None, layout: str = "megatron") -> dict[str, Any]:
     """Train ``steps`` steps of the tiny model ``spec_name`` with ``optimizer_name`` ('adamw', 'muon' or 'soap').
 
     Each step trains on the same global batch at any DP size (`GLOBAL_MICRO_BATCHES`).
@@ -693,7 +693,8 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
     ``resume_at``: load it first and continue from that step (the batches follow the step number).
     ``build``: one of `BUILDS`. ``grad_reduce_in_fp32``: see `_seeded_model`. ``with_masters``: also return the
     fp32 master weights this rank's optimizer updates (``"masters"``: name -> numpy array). ``split_target``:
-    Muon's ``ns_split_target`` (split ownership, Megatron-Core 0.16); ``"split"`` reports the plan's splits.
+    Muon's ``ns_split_target`` (split ownership; ``"split"`` reports the plan's splits: on 0.16 the optimizer's, on
+    >= 0.18 the cost layout's, by parameter name). ``layout``: DDP's wiring on >= 0.18 (`LAYOUTS`).
     """
     import torch
     import torch.distributed as dist
@@ -704,7 +705,7 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
         from megatron.core import dist_checkpointing
 
         run = replica(spec_name, optimizer_name, build=build == "builder", grad_reduce_in_fp32=grad_reduce_in_fp32,
-                      split_target=split_target)
+                      split_target=split_target, layout=layout)
         spec, opt, ddp_model, optimizer = run.spec, run.opt, run.ddp_model, run.optimizer
         scheduler, checkpointed = None, None
         if build != "builder":
@@ -714,7 +715,7 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
             resume_from(ddp_model, optimizer, checkpoint_dir)
             start = resume_at
         dp_rank = parallel_state.get_data_parallel_rank()
-        micro_batches = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
+        micro_batches = max(1, GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size())  # DP=4: one each
         losses: list[float] = []
         lrs: list[float] = []
         grad_norms: list[float] = []
@@ -740,11 +741,16 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
         names = {id(p): n for n, p in ddp_model.module.named_parameters()}
         ownership = _ownership_plan(optimizer)
         split_plan = None if ownership is None or not ownership.splits else ownership
+        layout_plan = getattr(ddp_model, "cost_layout_plan", None)  # >= 0.18, layout 'cost'
+        if layout_plan is not None and layout_plan.splits:
+            split = {names[id(p)]: list(sp.ranks) for p, sp in layout_plan.splits.items()}
+        else:
+            split = None if split_plan is None else {n: list(sp.ranks) for n, sp in split_plan.splits.items()}
         return {
             "losses": losses,
             "lrs": lrs,
             "grad_norms": grad_norms,
-            "split": None if split_plan is None else {sp_name: list(sp.ranks) for sp_name, sp in split_plan.splits.items()},
+            "split": split,
             "ownership_flops": None if ownership is None else list(ownership.flops),
             "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas),
             "num_params": int(flat.numel()),
