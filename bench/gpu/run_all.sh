@@ -3,7 +3,7 @@
 # `bash bench/gpu/run_all.sh` and carry [".whl"], .whl filled here first by scripts/gpu_wheels.sh.
 # It installs .whl into /tmp/site, runs every bench/gpu script in a fixed order, each under its own timeout (all of
 # them together end well inside 9 minutes), tees each one's output to $OUT/<name>.log (./gpu-out without $OUT), goes
-# on after a failure, and ends with one line per script, also in $OUT/summary.txt. 7 files in all (the tool returns 8).
+# on after a failure, and ends with one line per script, also in $OUT/summary.txt. 8 files in all (the tool returns 8).
 # Exit status: 0 when every script passed, 1 otherwise, 2 when the wheels could not be installed.
 # Test hook: GPU_RUN_STEPS (lines "name|timeout_s|command") replaces the install and the steps below.
 set -u
@@ -14,12 +14,13 @@ export PYTHONUNBUFFERED=1   # a script stopped by its timeout still leaves what 
 PY=${PYTHON:-python3}
 
 # name|timeout_s|command, in order: quick checks first, the long NS table last (its rows print as they finish).
-# Timeouts sum to 445 s, plus at most 5 s per kill; a minute of margin for the install and the tool.
+# Timeouts sum to 450 s, plus at most 5 s per kill; a minute of margin for the install and the tool.
 STEPS="doctor_gpu|45|$PY bench/gpu/doctor_gpu.py
 layerwise_nccl|90|$PY -m torch.distributed.run --standalone --nproc-per-node 1 bench/gpu/layerwise_nccl.py --steps 5 --dim 1024
 megatron_tiny|120|$PY bench/gpu/megatron_tiny.py --spec tiny_kimi_k2 --optimizer muon --steps 10
+owner_pack|30|$PY -m torch.distributed.run --standalone --nproc-per-node 1 bench/gpu/owner_pack.py --reps 20
 step_time_ns|40|$PY bench/gpu/step_time_ns.py --reps 3
-ns_syrk|150|$PY bench/gpu/ns_syrk.py --reps 3"
+ns_syrk|125|$PY bench/gpu/ns_syrk.py --reps 3"
 
 if [ -n "${GPU_RUN_STEPS:-}" ]; then
   STEPS=$GPU_RUN_STEPS
