@@ -11,7 +11,8 @@ but a rank's own, as a reduce-scatter does) and unpacked into the owner's gradie
 Gradients that more than one rank reads after the reduction are all-reduced as before (`BucketRoute.shared`): a
 matrix split over a block (0.16 keeps a whole copy on every member), and the gradients Megatron's
 ``finalize_model_grads`` all-reduces once more across another group (tensor-parallel-replicated and
-sequence-parallel weights, and with pipeline parallelism the embedding / output weights). The other ranges of
+sequence-parallel weights, and the embedding / output weights a tied or MTP model shares across pipeline stages:
+`READ_ACROSS_GROUPS`). The other ranges of
 a rank's buffer stay unreduced: the layer-wise optimizer reads the gradients of the parameters it owns only (its
 update, gradient norm and zero count). The parameter side: `nemo_muon.megatron.owner_gather`.
 """
@@ -186,25 +187,28 @@ def switch_to_owner_reduce(bucket_group: Any, holders: Callable[[Any], tuple[int
     bucket_group.owner_routes, bucket_group.owner_group = routes, group
 
 
-def _read_across_groups(param: Any, pipeline_parallel: bool) -> bool:
-    """Whether ``finalize_model_grads`` all-reduces this gradient again over another group after DDP's reduction
-    (every data-parallel rank must then hold it reduced)."""
-    if any(getattr(param, a, False) for a in ("average_gradients_across_tp_domain", "sequence_parallel",
-                                               "pipeline_parallel", "shared_embedding")):
-        return True
-    return pipeline_parallel and bool(getattr(param, "is_embedding_or_output_parameter", False))
+READ_ACROSS_GROUPS = ("average_gradients_across_tp_domain", "sequence_parallel", "pipeline_parallel",
+                      "shared_embedding")
+"""Parameter attributes under which ``finalize_model_grads`` all-reduces a gradient again over another group after
+DDP's reduction (tensor-parallel-replicated and sequence-parallel weights, conditional embedders across stages, the
+word embedding and output layer a tied or MTP model shares across pipeline stages): every data-parallel rank must
+then hold it reduced."""
 
 
-def domain_holders(owner_lists: list[list[Any]], split_holders: Mapping[int, tuple[int, ...]],
-                   pipeline_parallel: bool) -> Callable[[Any], tuple[int, ...]]:
+def _read_across_groups(param: Any) -> bool:
+    return any(getattr(param, attribute, False) for attribute in READ_ACROSS_GROUPS)
+
+
+def domain_holders(owner_lists: list[list[Any]],
+                   split_holders: Mapping[int, tuple[int, ...]]) -> Callable[[Any], tuple[int, ...]]:
     """``holders(param)`` of one domain: its owner's group rank in ``owner_lists`` (the layer-wise optimizer's
-    per-rank lists), a split matrix's block (``split_holders``: id -> ranks), or every rank where
-    `_read_across_groups`."""
+    per-rank lists), a split matrix's block (``split_holders``: id -> ranks), or every rank for a gradient
+    `READ_ACROSS_GROUPS` names."""
     size = len(owner_lists)
     owner = {id(p): k for k, params in enumerate(owner_lists) for p in params}
 
     def holders(param: Any) -> tuple[int, ...]:
-        if _read_across_groups(param, pipeline_parallel):
+        if _read_across_groups(param):
             return tuple(range(size))
         if id(param) in split_holders:
             return tuple(split_holders[id(param)])
@@ -220,9 +224,6 @@ def reduce_to_owners(layer_wise: Any, model_chunks: list[Any], pg_collection: An
     """Switch every bucket group of the DDP ``model_chunks`` to reducing gradients to their owners in the built
     Megatron-Core 0.16 / 0.17 ``layer_wise`` optimizer (dense buckets over ``pg_collection.dp_cp``, expert buckets
     over ``expt_dp``). Returns the number of bucket groups switched (0 at data-parallel size 1)."""
-    import torch.distributed as dist
-
-    pipeline_parallel = getattr(pg_collection, "pp", None) is not None and dist.get_world_size(pg_collection.pp) > 1
     splits = getattr(layer_wise, "split_holders", {})
     domains = [("bucket_groups", layer_wise.dp_cp_params_list, pg_collection.dp_cp),
                ("expert_parallel_bucket_groups", layer_wise.expt_dp_params_list, pg_collection.expt_dp)]
@@ -230,7 +231,7 @@ def reduce_to_owners(layer_wise: Any, model_chunks: list[Any], pg_collection: An
     for attribute, owner_lists, group in domains:
         if owner_lists is None:
             continue
-        holders = domain_holders(owner_lists, splits, pipeline_parallel)
+        holders = domain_holders(owner_lists, splits)
         for chunk in model_chunks:
             for bucket_group in getattr(chunk, attribute):
                 switch_to_owner_reduce(bucket_group, holders, group)

@@ -98,7 +98,7 @@ def _layer_wise(optimizer: Any) -> Any:
 def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, layout: str, steps: int,
                       optimizer_name: str = "muon", grad_reduce_in_fp32: bool = False,
                       grad_clip: float = 1.0, split_target: float | None = None, ep: int = 1,
-                      collectives: str | None = None) -> dict[str, Any]:
+                      collectives: str | None = None, pp: int = 1) -> dict[str, Any]:
     """``steps`` steps of the tiny model with our matrix optimizer under DDP wiring ``layout`` (bf16 gradient
     reduction, the product's default, unless ``grad_reduce_in_fp32``); returns the bytes this rank sent in the last step, the
     fp32 masters it owns, the replicas' largest difference, the update cost each rank owns as Megatron derived it
@@ -107,15 +107,18 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
     parameters, the chained one over its distributed optimizer's element slices), one ulp apart. ``split_target``:
     Muon's ``ns_split_target`` (layout 'cost': the plan's splits, by parameter name, are returned); ``ep``: expert
     parallelism (expert-DP = world / ep); ``collectives``: Megatron-Core 0.16 / 0.17's wiring of our engine
-    (`nemo_muon.megatron.registration.COLLECTIVES_016`; None: the default)."""
+    (`nemo_muon.megatron.registration.COLLECTIVES_016`; None: the default); ``pp``: pipeline stages (the data-parallel
+    size is world / pp)."""
     import torch
     import torch.distributed as dist
 
     from nemo_muon.megatron.cost_layout import layout_api_problems, owned_costs, update_costs
 
-    with megatron_parallel(**({"expert_model_parallel_size": ep} if ep > 1 else {})) as parallel_state:
+    sizes = {**({"expert_model_parallel_size": ep} if ep > 1 else {}),
+             **({"pipeline_model_parallel_size": pp} if pp > 1 else {})}
+    with megatron_parallel(**sizes) as parallel_state:
         run = replica(spec_name, optimizer_name, layout=layout, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                      split_target=split_target, ep=ep,
+                      split_target=split_target, ep=ep, **({"pp": pp} if pp > 1 else {}),
                       build_kwargs={"grad_clip": grad_clip, **({"collectives": collectives} if collectives else {})})
         ddp_model, optimizer = run.ddp_model, run.optimizer
         dp_rank = parallel_state.get_data_parallel_rank()
@@ -137,8 +140,9 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
         in_flight = 0 if gathers is None else gathers.in_flight()
         settle(ddp_model)
         flat = torch.cat([p.detach().float().reshape(-1) for p in ddp_model.module.parameters()])
-        replicas = [torch.zeros_like(flat) for _ in range(world_size)]
-        dist.all_gather(replicas, flat, group=group)
+        dp_group = parallel_state.get_data_parallel_group()  # the replicas of this stage (the world without PP)
+        replicas = [torch.zeros_like(flat) for _ in range(dist.get_world_size(dp_group))]
+        dist.all_gather(replicas, flat, group=dp_group)
         costs = None if layout_api_problems() else update_costs([ddp_model.module], run.opt, run.pgs)  # >= 0.18
         plan = getattr(ddp_model, "cost_layout_plan", None)
         layer_wise = _layer_wise(optimizer)

@@ -102,3 +102,25 @@ def test_gradients_reduced_to_owners_send_two_thirds_of_the_all_reduce_bytes_wit
     assert worst <= MASTER_TOLERANCE, worst
     if world_size == 2:  # two gradients sum alike in either collective: bit for bit
         assert worst == 0.0
+
+
+def test_with_pipeline_parallelism_the_stages_reduce_to_their_owners_bit_for_bit_as_the_legacy_path():
+    """PP=2 x DP=2 on 4 ranks, three steps: each stage's layer-wise optimizer owns its own matrices, its buckets
+    reduce to them and the gathers run in the next forward between the pipeline's sends and receives; losses and
+    every rank's masters equal the legacy path's bit for bit, at 2/3 of its data-parallel bytes over the ranks (each
+    stage's whole embedding or output layer, half of a stage of this toy, leaves its DP partner sending more:
+    BYTES_RATIO's note)."""
+    if not ASSEMBLY:
+        return
+    runs = {c: run_distributed(train_with_layout, world_size=4, timeout_s=400,
+                               args=("tiny_kimi_k2", "legacy", 3, "muon", False, 1.0, None, 1, c, 2))
+            for c in ("all_reduce", "reduce_scatter")}
+    legacy, ours = runs["all_reduce"], runs["reduce_scatter"]
+    assert len(ours[0]["losses"]) == 3 and ours[0]["losses"] == legacy[0]["losses"]
+    for mine, theirs in zip(ours, legacy, strict=True):  # rank by rank: the same stage, the same owner
+        assert mine["masters"].keys() == theirs["masters"].keys()
+        assert all(np.array_equal(mine["masters"][n], theirs["masters"][n]) for n in mine["masters"])
+        assert "reduce" in mine["sent_by_kind"] and mine["sent_by_kind"]["all_reduce"][1] < 100, mine["sent_by_kind"]
+        assert mine["gathers_in_flight_after_step"] > 0 and mine["replica_max_diff"] == 0.0
+    sent, theirs = sum(r["sent_last_step"] for r in ours), sum(r["sent_last_step"] for r in legacy)
+    assert sent <= BYTES_RATIO * theirs, (sent, theirs)

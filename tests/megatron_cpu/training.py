@@ -39,8 +39,9 @@ DENSE_DROPS = ("num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe
 parallelism for MoE under tensor parallelism, which the local spec's torch norms do not support."""
 
 
-def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: int = SEQ):
+def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: int = SEQ, pp: int = 1):
     import torch
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer import transformer_config as tc
@@ -59,12 +60,16 @@ def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: i
     parallel = {"tensor_model_parallel_size": tp} if tp > 1 else {}
     if ep > 1:
         parallel["expert_model_parallel_size"] = ep
+    if pp > 1:
+        parallel["pipeline_model_parallel_size"] = pp
     config = cls(**{k: v for k, v in arch.items() if k in names}, **CPU_KERNEL_FIELDS, use_cpu_initialization=True,
                  bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, **parallel)
     gpt_args = {k: v for k, v in arch.items() if k not in names}  # e.g. rotary_base: a GPTModel argument
     block_spec = with_cpu_mla_attention(get_gpt_decoder_block_spec(config, use_transformer_engine=False))
+    stage = {"pre_process": parallel_state.is_pipeline_first_stage(),
+             "post_process": parallel_state.is_pipeline_last_stage()} if pp > 1 else {}
     model = GPTModel(config=config, transformer_layer_spec=block_spec, max_sequence_length=seq, **model_fields(spec),
-                     **gpt_args)
+                     **gpt_args, **stage)
     return Float16Module(config, model), config, spec
 
 
@@ -119,7 +124,8 @@ def _batch(step: int, dp_rank: int, vocab: int):
 
 def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon", grad_reduce_in_fp32: bool = False,
                   nonfinite: str = "raise", tp: int = 1, dense: bool = False, ep: int = 1,
-                  split_target: float | None = None, opt: Any = None, seq: int = SEQ, layout: str = "megatron"):
+                  split_target: float | None = None, opt: Any = None, seq: int = SEQ, layout: str = "megatron",
+                  pp: int = 1):
     """(model, its config, model spec, optimizer config, DDP-wrapped model with params broadcast) from the fixed
     seed: every replica and every run starts from the same weights. ``grad_reduce_in_fp32``: DDP's fp32 gradient
     buffer (the product's default is bf16 reductions). ``split_target``: Muon's ``ns_split_target``. ``opt``: an
@@ -130,7 +136,7 @@ def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon"
 
     model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
     torch.manual_seed(SEED)
-    model, config, spec = _model(spec_name, tp, dense, ep, seq)
+    model, config, spec = _model(spec_name, tp, dense, ep, seq, pp)
     opt = optimizer_config(optimizer_name, engine, nonfinite) if opt is None else opt
     if split_target is not None:
         opt = dataclasses.replace(opt, ns_split_target=split_target)
@@ -230,6 +236,8 @@ def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int,
     out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=[ddp_model],
                                       num_microbatches=micro_batches, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
                                       forward_only=False)
+    if not out:  # a pipeline stage before the last: no loss here
+        return torch.zeros(())
     return torch.stack([o["lm loss"] for o in out]).mean()
 
 
