@@ -157,3 +157,82 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
                 "plan_loads": None if plan is None else plan.loads["dense"],
                 "padding": None if plan is None else plan.padding,
                 "splits": None if plan is None else {run.names[id(p)]: list(s.ranks) for p, s in plan.splits.items()}}
+
+
+def train_virtual_pipeline(rank: int, world_size: int, group: Any, collectives: str, steps: int) -> dict[str, Any]:
+    """Megatron-Core 0.16 / 0.17: ``steps`` steps of the tiny Kimi K2 model on PP=2 x DP=2 with two virtual-pipeline
+    chunks per rank (one layer each, Megatron's interleaved schedule, one DDP wrapper per chunk, one layer-wise
+    optimizer over both) with our engine's ``collectives``; returns the losses, this rank's fp32 masters (keyed
+    ``<chunk>.<name>``), the names our Muon knows its matrices by, the gathers left in flight after the last step
+    and the bytes sent in it."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from nemo_muon.megatron.build import build_megatron_optimizer
+    from nemo_muon.optim.routed import RoutedOptimizer
+    from tests.megatron_cpu.training import (
+        MICRO_BATCH,
+        SEED,
+        SEQ,
+        _batch,
+        _ddp,
+        _model,
+        _pg_collection,
+        optimizer_config,
+    )
+
+    chunks_per_rank, micro_batches = 2, 2
+    with megatron_parallel(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=chunks_per_rank) as ps:
+        model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
+        torch.manual_seed(SEED)
+        opt = optimizer_config("muon")
+        chunks, configs = [], []
+        for vp_stage in range(chunks_per_rank):
+            model, config, spec = _model("tiny_kimi_k2", pp=2, vp_stage=vp_stage, vp=chunks_per_rank)
+            chunk = _ddp(model, config, opt, True)
+            chunk.broadcast_params()
+            chunks.append(chunk)
+            configs.append(config)
+        for config in configs:  # the schedule reads the first chunk's; every chunk's says the same
+            config.finalize_model_grads_func = finalize_model_grads
+            config.no_sync_func = [c.no_sync for c in chunks]
+        optimizer, _ = build_megatron_optimizer(opt, chunks, pg_collection=_pg_collection(), collectives=collectives)
+        dp_rank = ps.get_data_parallel_rank()
+        position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
+        mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
+
+        def forward_step(data_iterator: Any, m: Any) -> Any:
+            input_ids, labels = next(data_iterator)
+            out = m(input_ids, position_ids, mask, labels=labels)
+            return out, lambda o: (o.float().mean(), {"lm loss": o.float().mean().detach().clone()})
+
+        losses, sent = [], {}
+        for step in range(steps):
+            batches = [_batch(step, dp_rank * micro_batches + i, spec.vocab_size) for i in range(micro_batches)]
+            for chunk in chunks:
+                chunk.zero_grad_buffer()
+            optimizer.zero_grad()
+            with counting_collectives() as stats:
+                out = get_forward_backward_func()(
+                    forward_step_func=forward_step, data_iterator=[iter(batches) for _ in chunks], model=chunks,
+                    num_microbatches=micro_batches, seq_length=SEQ, micro_batch_size=MICRO_BATCH, forward_only=False)
+                ok, _, _ = optimizer.step()
+            if not ok:
+                raise RuntimeError(f"step {step} was skipped")
+            sent = {k: list(v) for k, v in stats.items()}
+            loss = torch.stack([o["lm loss"] for o in out]).mean().reshape(1) if out else torch.zeros(1)
+            dist.all_reduce(loss, group=group)
+            losses.append(float(loss))
+        in_flight = sum(c.param_gathers.in_flight() for c in chunks if hasattr(c, "param_gathers"))
+        for chunk in chunks:
+            settle(chunk)
+        names = {id(p): f"{k}.{n}" for k, c in enumerate(chunks) for n, p in c.module.named_parameters()}
+        ours = next(sub.optimizer for sub in optimizer.chained_optimizers
+                    if isinstance(getattr(sub, "optimizer", None), RoutedOptimizer))
+        return {"losses": losses, "masters": _masters(optimizer, names), "gathers_in_flight_after_step": in_flight,
+                "muon_names": sorted(ours.name_of(p) or "" for g in ours.param_groups for p in g["params"]),
+                "sent_last_step": sum(v[1] for v in sent.values()), "sent_by_kind": sent,
+                "ownership": _optimizer_classes(optimizer)}

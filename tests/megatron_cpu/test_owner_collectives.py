@@ -13,7 +13,7 @@ import pytest
 
 from nemo_muon.megatron.owner_reduce import BucketRoute, route_bucket
 from tests.distributed import run_distributed
-from tests.megatron_cpu.layout_training import train_with_layout
+from tests.megatron_cpu.layout_training import train_virtual_pipeline, train_with_layout
 from tests.megatron_cpu.test_megatron_training import MASTER_TOLERANCE
 from tests.megatron_cpu.test_megatron_training import _all_masters as _masters
 
@@ -124,3 +124,24 @@ def test_with_pipeline_parallelism_the_stages_reduce_to_their_owners_bit_for_bit
         assert mine["gathers_in_flight_after_step"] > 0 and mine["replica_max_diff"] == 0.0
     sent, theirs = sum(r["sent_last_step"] for r in ours), sum(r["sent_last_step"] for r in legacy)
     assert sent <= BYTES_RATIO * theirs, (sent, theirs)
+
+
+def test_with_two_virtual_pipeline_chunks_per_rank_every_chunk_reduces_to_its_owners_bit_for_bit():
+    """PP=2 x DP=2, two chunks per rank (Megatron's interleaved schedule, Kimi K2's VP layout in small): one
+    layer-wise optimizer owns the matrices of both chunks by update cost, our Muon knows them by chunk-prefixed names
+    (``model<k>.``: chunks name their layers alike), each chunk's DDP buckets reduce to the owners and gather in its
+    next forward; losses and masters bit-identical to the legacy wiring."""
+    if not ASSEMBLY:
+        return
+    runs = {c: run_distributed(train_virtual_pipeline, world_size=4, timeout_s=400, args=(c, 3))
+            for c in ("all_reduce", "reduce_scatter")}
+    legacy, ours = runs["all_reduce"], runs["reduce_scatter"]
+    assert len(ours[0]["losses"]) == 3 and ours[0]["losses"] == legacy[0]["losses"]
+    assert "NsBalancedLayerWiseOptimizer" in ours[0]["ownership"]
+    for mine, theirs in zip(ours, legacy, strict=True):
+        assert mine["masters"].keys() == theirs["masters"].keys() and mine["masters"]
+        assert all(np.array_equal(mine["masters"][n], theirs["masters"][n]) for n in mine["masters"])
+        prefixes = {n.split(".", 1)[0] for n in mine["muon_names"]}
+        assert prefixes <= {"model0", "model1"} and len(mine["muon_names"]) == len(set(mine["muon_names"]))
+        assert "reduce" in mine["sent_by_kind"] and mine["gathers_in_flight_after_step"] > 0
+    assert {n.split(".", 1)[0] for r in ours for n in r["muon_names"]} == {"model0", "model1"}

@@ -39,7 +39,8 @@ DENSE_DROPS = ("num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe
 parallelism for MoE under tensor parallelism, which the local spec's torch norms do not support."""
 
 
-def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: int = SEQ, pp: int = 1):
+def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: int = SEQ, pp: int = 1,
+           vp_stage: int | None = None, vp: int = 1):
     import torch
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -62,12 +63,16 @@ def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: i
         parallel["expert_model_parallel_size"] = ep
     if pp > 1:
         parallel["pipeline_model_parallel_size"] = pp
+    if vp > 1:
+        parallel["virtual_pipeline_model_parallel_size"] = vp
     config = cls(**{k: v for k, v in arch.items() if k in names}, **CPU_KERNEL_FIELDS, use_cpu_initialization=True,
                  bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, **parallel)
     gpt_args = {k: v for k, v in arch.items() if k not in names}  # e.g. rotary_base: a GPTModel argument
-    block_spec = with_cpu_mla_attention(get_gpt_decoder_block_spec(config, use_transformer_engine=False))
-    stage = {"pre_process": parallel_state.is_pipeline_first_stage(),
-             "post_process": parallel_state.is_pipeline_last_stage()} if pp > 1 else {}
+    chunk = {"vp_stage": vp_stage} if vp_stage is not None else {}
+    block_spec = with_cpu_mla_attention(get_gpt_decoder_block_spec(config, use_transformer_engine=False, **chunk))
+    ends = {"ignore_virtual": False, "vp_stage": vp_stage} if vp_stage is not None else {}
+    stage = {"pre_process": parallel_state.is_pipeline_first_stage(**ends),
+             "post_process": parallel_state.is_pipeline_last_stage(**ends), **chunk} if pp > 1 else {}
     model = GPTModel(config=config, transformer_layer_spec=block_spec, max_sequence_length=seq, **model_fields(spec),
                      **gpt_args, **stage)
     return Float16Module(config, model), config, spec
