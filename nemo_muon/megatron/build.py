@@ -66,7 +66,7 @@ def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_
                                                  collectives=collectives or "reduce_scatter")
     if collectives is not None:
         raise ValueError(f"collectives is decided by DDP's parameter layout on Megatron-Core >= 0.18 (the cost layout "
-                         f"reduce-scatters); got collectives={collectives!r}")
+                         f"reduce-scatters): leave it None there; got collectives={collectives!r}")
     optimizer = registration.build_layer_wise_018(config, model_chunks, pg_collection, ours=opt,
                                                   config_overrides=config_overrides)
     target = getattr(opt, "ns_split_target", None)

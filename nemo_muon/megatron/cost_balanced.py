@@ -16,8 +16,8 @@ Split ownership (``MuonConfig.ns_split_target``, 0.16, Muon, TP = 1): the dense 
 `nemo_muon.accounting.ownership_plan.plan_ownership` with a balance target, exactly as the whole-tensor optimizer plans them
 (``accounting.ns_split``, counting the extra all-gather of the update). A split matrix stays whole in the optimizer
 of every member of its block (each holds the fp32 master and the momentum, and receives the full reduced gradient:
-`nemo_muon.megatron.owner_reduce` all-reduces it); our Muon runs its Newton–Schulz distributed over the block (`Muon.share_split`), so every
-member computes the identical update; the block's first rank shares the parameter in Megatron's all-gather. The
+`nemo_muon.megatron.owner_reduce` all-reduces it); our Muon runs its Newton–Schulz distributed over the block
+(`Muon.share_split`), so every member computes the identical update; the block's first rank shares the parameter in Megatron's all-gather. The
 gradient norm and zero count skip the other members' copies, and their checkpoint tensors are marked as replicas.
 
 Megatron-Core 0.18+ takes ownership from a parameter layout computed when DDP is built

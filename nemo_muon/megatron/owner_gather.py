@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_muon.megatron.class_switch import same_identity, switch_class
+from nemo_muon.megatron.owner_reduce import owner_domains, owner_index
 
 
 class BucketGather:
@@ -98,7 +99,7 @@ class ParamGathers:
 def _bucket_gathers(chunk: Any, owner_lists: list[list[Any]], group: Any, attribute: str) -> list[BucketGather]:
     import torch.distributed as dist
 
-    owner = {id(p): k for k, params in enumerate(owner_lists) for p in params}
+    owner = owner_index(owner_lists)
     rank = dist.get_rank(group)
     gathers = []
     for bucket_group in reversed(getattr(chunk, attribute)):  # DDP fills buckets from the model's end
@@ -173,15 +174,13 @@ def gather_in_forward(layer_wise: Any, model_chunks: list[Any], pg_collection: A
     """Switch the built Megatron-Core 0.16 / 0.17 ``layer_wise`` optimizer to gathering the updated parameters
     per bucket of the DDP ``model_chunks``, each waited for by the modules using it (module doc). None at
     data-parallel size 1 (nothing to gather)."""
-    domains = [("bucket_groups", layer_wise.dp_cp_params_list, pg_collection.dp_cp),
-               ("expert_parallel_bucket_groups", layer_wise.expt_dp_params_list, pg_collection.expt_dp)]
-    if all(owner_lists is None for _, owner_lists, _ in domains):
+    domains = owner_domains(layer_wise, pg_collection)
+    if not domains:
         return None
     gathers: list[BucketGather] = []
     for chunk in model_chunks:
         for attribute, owner_lists, group in domains:
-            if owner_lists is not None:
-                gathers.extend(_bucket_gathers(chunk, owner_lists, group, attribute))
+            gathers.extend(_bucket_gathers(chunk, owner_lists, group, attribute))
     of_param = {id(p): g for g in gathers for params in g.owned for p in params}
     hooks = []
     for chunk in model_chunks:

@@ -123,6 +123,8 @@ def _owner_reduce_class(base: type) -> type:
     class OwnerReducedBucketGroup(base):  # type: ignore[misc, valid-type]
         owner_routes: list[BucketRoute]
         owner_group: Any
+        owner_rank: int
+        owner_destinations: list[int]
 
         def start_grad_sync(self, force_all_reduce: bool | None = False) -> None:
             if force_all_reduce:
@@ -135,7 +137,6 @@ def _owner_reduce_class(base: type) -> type:
                 raise RuntimeError("gradients reduced to their owners do not support main grads kept outside DDP's "
                                    "buffer (params_with_extra_main_grads)")
             import torch
-            import torch.distributed as dist
 
             config = self.ddp_config
             if config.check_for_nan_in_grad or getattr(config, "check_for_large_grads", False):
@@ -146,8 +147,8 @@ def _owner_reduce_class(base: type) -> type:
                     bucket.grad_data *= bucket.gradient_scaling_factor
             op = torch.distributed.ReduceOp.AVG if config.average_in_collective else torch.distributed.ReduceOp.SUM
             async_op = config.overlap_grad_reduce and config.num_distributed_optimizer_instances == 1
-            rank = dist.get_rank(self.owner_group)
-            pending = PendingReduce([start_reduce(b.grad_data, route, self.owner_group, rank, op, async_op)
+            pending = PendingReduce([start_reduce(b.grad_data, route, self.owner_group, self.owner_rank, op, async_op,
+                                                  self.owner_destinations)
                                      for b, route in zip(self.buckets, self.owner_routes, strict=True)])
             if async_op:
                 self.grad_reduce_handle = pending
@@ -185,6 +186,8 @@ def switch_to_owner_reduce(bucket_group: Any, holders: Callable[[Any], tuple[int
         routes.append(route_bucket(bucket.param_to_index, holders, size))
     switch_class(bucket_group, _owner_reduce_class, _CLASSES)
     bucket_group.owner_routes, bucket_group.owner_group = routes, group
+    bucket_group.owner_rank = dist.get_rank(group)
+    bucket_group.owner_destinations = [dist.get_global_rank(group, k) for k in range(size)]  # once, not per step
 
 
 READ_ACROSS_GROUPS = ("average_gradients_across_tp_domain", "sequence_parallel", "pipeline_parallel",
@@ -199,13 +202,26 @@ def _read_across_groups(param: Any) -> bool:
     return any(getattr(param, attribute, False) for attribute in READ_ACROSS_GROUPS)
 
 
+def owner_domains(layer_wise: Any, pg_collection: Any) -> list[tuple[str, list[list[Any]], Any]]:
+    """(DDP's bucket-group attribute, the layer-wise optimizer's per-rank owner lists, their process group) of each
+    domain that has owners: the dense buckets over dp_cp, the expert buckets over expt_dp (empty at DP size 1)."""
+    domains = [("bucket_groups", layer_wise.dp_cp_params_list, pg_collection.dp_cp),
+               ("expert_parallel_bucket_groups", layer_wise.expt_dp_params_list, pg_collection.expt_dp)]
+    return [d for d in domains if d[1] is not None]
+
+
+def owner_index(owner_lists: list[list[Any]]) -> dict[int, int]:
+    """id(param) -> the group rank whose list holds it."""
+    return {id(p): k for k, params in enumerate(owner_lists) for p in params}
+
+
 def domain_holders(owner_lists: list[list[Any]],
                    split_holders: Mapping[int, tuple[int, ...]]) -> Callable[[Any], tuple[int, ...]]:
     """``holders(param)`` of one domain: its owner's group rank in ``owner_lists`` (the layer-wise optimizer's
     per-rank lists), a split matrix's block (``split_holders``: id -> ranks), or every rank for a gradient
     `READ_ACROSS_GROUPS` names."""
     size = len(owner_lists)
-    owner = {id(p): k for k, params in enumerate(owner_lists) for p in params}
+    owner = owner_index(owner_lists)
 
     def holders(param: Any) -> tuple[int, ...]:
         if _read_across_groups(param):
@@ -225,12 +241,8 @@ def reduce_to_owners(layer_wise: Any, model_chunks: list[Any], pg_collection: An
     Megatron-Core 0.16 / 0.17 ``layer_wise`` optimizer (dense buckets over ``pg_collection.dp_cp``, expert buckets
     over ``expt_dp``). Returns the number of bucket groups switched (0 at data-parallel size 1)."""
     splits = getattr(layer_wise, "split_holders", {})
-    domains = [("bucket_groups", layer_wise.dp_cp_params_list, pg_collection.dp_cp),
-               ("expert_parallel_bucket_groups", layer_wise.expt_dp_params_list, pg_collection.expt_dp)]
     switched = 0
-    for attribute, owner_lists, group in domains:
-        if owner_lists is None:
-            continue
+    for attribute, owner_lists, group in owner_domains(layer_wise, pg_collection):
         holders = domain_holders(owner_lists, splits)
         for chunk in model_chunks:
             for bucket_group in getattr(chunk, attribute):

@@ -168,16 +168,12 @@ def train_virtual_pipeline(rank: int, world_size: int, group: Any, collectives: 
     import torch
     import torch.distributed as dist
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from nemo_muon.megatron.build import build_megatron_optimizer
     from nemo_muon.optim.routed import RoutedOptimizer
     from tests.megatron_cpu.training import (
-        MICRO_BATCH,
         SEED,
-        SEQ,
-        _batch,
         _ddp,
         _model,
         _pg_collection,
@@ -201,29 +197,15 @@ def train_virtual_pipeline(rank: int, world_size: int, group: Any, collectives: 
             config.no_sync_func = [c.no_sync for c in chunks]
         optimizer, _ = build_megatron_optimizer(opt, chunks, pg_collection=_pg_collection(), collectives=collectives)
         dp_rank = ps.get_data_parallel_rank()
-        position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
-        mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
-
-        def forward_step(data_iterator: Any, m: Any) -> Any:
-            input_ids, labels = next(data_iterator)
-            out = m(input_ids, position_ids, mask, labels=labels)
-            return out, lambda o: (o.float().mean(), {"lm loss": o.float().mean().detach().clone()})
-
         losses, sent = [], {}
         for step in range(steps):
-            batches = [_batch(step, dp_rank * micro_batches + i, spec.vocab_size) for i in range(micro_batches)]
-            for chunk in chunks:
-                chunk.zero_grad_buffer()
-            optimizer.zero_grad()
             with counting_collectives() as stats:
-                out = get_forward_backward_func()(
-                    forward_step_func=forward_step, data_iterator=[iter(batches) for _ in chunks], model=chunks,
-                    num_microbatches=micro_batches, seq_length=SEQ, micro_batch_size=MICRO_BATCH, forward_only=False)
+                loss = _forward_backward(chunks, optimizer, step, dp_rank, spec.vocab_size, micro_batches)
                 ok, _, _ = optimizer.step()
             if not ok:
                 raise RuntimeError(f"step {step} was skipped")
             sent = {k: list(v) for k, v in stats.items()}
-            loss = torch.stack([o["lm loss"] for o in out]).mean().reshape(1) if out else torch.zeros(1)
+            loss = loss.reshape(1).float()
             dist.all_reduce(loss, group=group)
             losses.append(float(loss))
         in_flight = sum(c.param_gathers.in_flight() for c in chunks if hasattr(c, "param_gathers"))

@@ -218,7 +218,8 @@ def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int,
                       loss_factor: float = 1.0):
     """Zero the grads, then ``micro_batches`` micro-batches of step ``step`` forward and backward through Megatron's
     schedule (grads accumulated, then reduced by DDP's finalize); returns the loss tensor (mean logit-level loss of
-    this rank's micro-batches). ``loss_factor`` multiplies the loss (NaN: a fault in this rank's backward)."""
+    this rank's micro-batches; zero on a pipeline stage before the last). ``loss_factor`` multiplies the loss (NaN: a
+    fault in this rank's backward). ``ddp_model``: one DDP chunk, or a rank's list of virtual-pipeline chunks."""
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -236,9 +237,12 @@ def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int,
 
         return out, loss_func
 
-    ddp_model.zero_grad_buffer()
+    chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=[ddp_model],
+    data = iter(batches) if len(chunks) == 1 else [iter(batches) for _ in chunks]
+    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=chunks,
                                       num_microbatches=micro_batches, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
                                       forward_only=False)
     if not out:  # a pipeline stage before the last: no loss here
