@@ -16,6 +16,7 @@ from tests.megatron_cpu.training import (
     SEED,
     SEQ,
     _forward_backward,
+    _masters,
     _model,
     _optimizer_classes,
     megatron_parallel,
@@ -41,11 +42,11 @@ class BridgeSetup:
 
 
 def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: str = "muon",
-                 split_target: float | None = None) -> BridgeSetup:
+                 split_target: float | None = None, grad_clip: float = 1.0) -> BridgeSetup:
     """Inside `megatron_parallel`: the tiny model through a Bridge model provider's ``provide_distributed_model``
     (with the product's cost-layout wiring when ``cost_layout``) and Bridge's ``setup_optimizer`` on the product's
-    optimizer config (with Muon's ``ns_split_target`` = ``split_target``), with a constant-lr scheduler over
-    ``steps`` steps."""
+    optimizer config (with Muon's ``ns_split_target`` = ``split_target``, clipping at ``grad_clip``, 0 = off), with a
+    constant-lr scheduler over ``steps`` steps."""
     import torch
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -80,7 +81,7 @@ def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: 
     ddp_config = DistributedDataParallelConfig(**{**ddp_config_kwargs(opt), **flags,
                                                   "overlap_param_gather": flags["use_distributed_optimizer"]})
     planner = bridge_layout.install(provider, opt) if cost_layout else None
-    _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0)
+    _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0, grad_clip=grad_clip)
     optim_config = bridge_optimizer_config(opt, mapping)
     sync(types.SimpleNamespace(ddp=ddp_config, optimizer=optim_config))  # what ConfigContainer.validate() runs
     optim_config.finalize()
@@ -100,7 +101,10 @@ def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: 
 
 def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spec_name: str, steps: int,
                                      cost_layout: bool, optimizer_name: str = "muon",
-                                     split_target: float | None = None) -> dict[str, Any]:
+                                     split_target: float | None = None, grad_clip: float = 1.0) -> dict[str, Any]:
+    """``steps`` steps through `bridge_setup`; returns the losses, the bytes this rank sent in the last step, the fp32
+    masters this rank's optimizers hold (by parameter name), the replicas' largest difference and, on the cost
+    layout, whether Megatron's derived owners are the plan's."""
     import torch
     import torch.distributed as dist
 
@@ -108,7 +112,7 @@ def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spe
     from nemo_muon.megatron.split_shares import _our_muons
 
     with megatron_parallel() as parallel_state:
-        setup = bridge_setup(spec_name, steps, cost_layout, optimizer_name, split_target)
+        setup = bridge_setup(spec_name, steps, cost_layout, optimizer_name, split_target, grad_clip)
         ddp_model, optimizer, spec, planner = setup.ddp_model, setup.optimizer, setup.spec, setup.planner
         ddp_config = setup.ddp_config
         dp_rank = parallel_state.get_data_parallel_rank()
@@ -135,7 +139,9 @@ def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spe
             derived = {id(p): r for r, params in enumerate(layer_wise.dp_cp_params_list) for p in params}
             owners_match = bool(planner.plans) and all(derived.get(id(p)) == r
                                                        for plan in planner.plans for p, r in plan.owners.items())
+        names = {id(p): n for n, p in ddp_model.module.named_parameters()}
         return {"losses": losses, "sent_last_step": sent[-1], "optimizers": _optimizer_classes(optimizer),
+                "masters": _masters(optimizer, names),
                 "use_distributed_optimizer": bool(ddp_model.ddp_config.use_distributed_optimizer),
                 "overlap_param_gather": bool(ddp_model.ddp_config.overlap_param_gather),
                 "full_param_layout": getattr(ddp_model, "full_param_layout", None) is not None,
