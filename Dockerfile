@@ -59,14 +59,14 @@ ENV NEMO_MUON_RELEASE=${NEMO_MUON_RELEASE} \
 COPY --from=builder /wheels /tmp/nemo-muon-wheels
 COPY containers/install_into_base.py containers/entrypoint.sh /opt/nemo-muon/
 # The build refuses a stack that cannot run the optimizers the image must run (Megatron-Core 0.16's Muon with
-# emerging-optimizers >= 0.2, SOAP before Megatron-Core 0.18: nemo_muon.megatron.stack names the fix).
+# emerging-optimizers >= 0.2, SOAP before Megatron-Core 0.18: nemo_muon.megatron.shared.stack names the fix).
 ARG NEMO_MUON_REQUIRE_OPTIMIZERS=muon
 RUN chmod 0755 /opt/nemo-muon/entrypoint.sh \
  && PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 /opt/nemo-muon/install_into_base.py \
       --wheel-dir /tmp/nemo-muon-wheels --requirements /tmp/nemo-muon-wheels/extras.txt \
       --minimums /tmp/nemo-muon-wheels/minimums.txt \
  && rm -rf /tmp/nemo-muon-wheels \
- && python3 -P -m nemo_muon.megatron.stack --require "${NEMO_MUON_REQUIRE_OPTIMIZERS}"
+ && python3 -P -m nemo_muon.megatron.shared.stack --require "${NEMO_MUON_REQUIRE_OPTIMIZERS}"
 
 # Health: Python, torch and the stack's versions against the release (exit code 1 on a broken install). GPUs are
 # hidden from the periodic check so that it never touches a running job's devices; `nemo-muon doctor` run by hand

@@ -1,5 +1,5 @@
 """Ownership inside Megatron-Core >= 0.18's reduce-scatter layout: Megatron's numel layout, ours by update cost, and
-ours with split ownership (`nemo_muon.megatron.cost_layout`, `split_plan`, `split_shares`), side by side.
+ours with split ownership (`nemo_muon.megatron.core_018_plus.cost_layout`, `split_plan`, `split_shares`), side by side.
 
 Runs `tests.megatron_cpu.layout_training.train_with_layout` (one step of the tiny Kimi K2 model, our Muon, bf16
 gradient reduction) on 2 and 4 gloo ranks for each layout and prints, per layout: the update cost each rank runs as

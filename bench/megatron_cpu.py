@@ -22,7 +22,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
 
-    from nemo_muon.megatron.stack import installed_versions, problems_for_optimizer
+    from nemo_muon.megatron.shared.stack import installed_versions, problems_for_optimizer
     from nemo_muon.train.spawn import spawn_ranks
     from tests.megatron_cpu.training import train_tiny
 

@@ -35,7 +35,7 @@ def main() -> None:
     import numpy as np
     from nemo_muon.recipes import get_recipe
 
-    from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
+    from nemo_muon.megatron.shared.optimizer_config import MEGATRON_MUON_DEFAULTS
     from nemo_muon.train.data import build_token_data
     from nemo_muon.train.spawn import spawn_ranks
     from tests.megatron_cpu.text_training import TextRun, train_on_text

@@ -152,8 +152,8 @@ def judge(facts: Facts, release: Any, *, recipe_env: Mapping[str, str] | None = 
 
 
 def _stack_checks(facts: Facts) -> list[Check]:
-    """The known-broken version combinations (nemo_muon.megatron.stack) among the installed distributions."""
-    from nemo_muon.megatron.stack import DEFAULT_ENGINE, stack_problems
+    """The known-broken version combinations (nemo_muon.megatron.shared.stack) among the installed distributions."""
+    from nemo_muon.megatron.shared.stack import DEFAULT_ENGINE, stack_problems
 
     problems = stack_problems(facts.distributions)
     if not problems:

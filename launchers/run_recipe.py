@@ -4,7 +4,7 @@ Loads the resolved recipe document ``nemo-muon launch`` wrote (`nemo_muon.recipe
 validation, nothing re-parsed); by hand, ``--recipe NAME [key=value ...]`` resolves the name and overrides once, in
 this process. Records how the job was launched in ``<run dir>/launch.json`` (rank 0; secret values masked) and runs
 the recipe on this rank with `nemo_muon.recipes.execute.run_resolved`: the backend's ``pretrain(recipe)``,
-``nemo_muon.train.pretrain`` (torch) or ``nemo_muon.megatron.bridge`` (megatron, in the NeMo container).
+``nemo_muon.train.pretrain`` (torch) or ``nemo_muon.megatron.bridge.container`` (megatron, in the NeMo container).
 A small .py corpus instead of the stdlib is the override ``data.corpus_root=<dir>``.
 Under ``srun`` with one task per GPU (no torchrun), RANK / WORLD_SIZE / LOCAL_RANK come from SLURM_PROCID /
 SLURM_NTASKS / SLURM_LOCALID.

@@ -4,7 +4,7 @@
 (``nemo llm pretrain --dryrun``, ``nemo-muon plan``, ``nemo-muon launch`` and the job each rank runs), so they accept
 and refuse the same recipes. It checks, in order: the sections again; the schedule (warmup shorter than training,
 as Megatron's scheduler asserts); the optimizer against its registry entry (`check_optimizer`); the sequence against the model's positions; the backend's own rules (`nemo_muon.train.recipe_rules`,
-`nemo_muon.megatron.recipe_rules`); the parallel layout on the recipe's world size
+`nemo_muon.megatron.shared.recipe_rules`); the parallel layout on the recipe's world size
 (`accounting.layout.validate_layout`); the widths grouped GEMMs need at the recipe's precision. Torch-free.
 
 What only the machine that runs the job can know stays with the job: whether CUDA or bf16 kernels exist there,
@@ -72,7 +72,7 @@ def check_run(recipe: TrainingRecipe) -> None:
 
             check_torch_backend(recipe)
         else:
-            from nemo_muon.megatron.recipe_rules import check_megatron_recipe
+            from nemo_muon.megatron.shared.recipe_rules import check_megatron_recipe
 
             check_megatron_recipe(recipe)  # its Bridge field mapping needs the layout too
         validate_layout(recipe)

@@ -54,7 +54,7 @@ _EXTRAS_026: tuple[str, ...] = ("emerging-optimizers==0.3.0", "absl-py==2.5.1")
 
 # Distributions nemo-muon's own code needs at a minimum version. The image keeps a base's version at or above it and
 # replaces an older one with the pin of `extra_requirements` (`install_into_base.py --minimums`); doctor and the stack
-# rules (nemo_muon.megatron.stack) name an older one. emerging-optimizers: nemo_muon.optim.coefficients imports
+# rules (nemo_muon.megatron.shared.stack) name an older one. emerging-optimizers: nemo_muon.optim.coefficients imports
 # orthogonalized_optimizers.muon_utils.get_coefficient_iterator, which arrived in 0.2.0 (v0.1.0's muon_utils has
 # only newton_schulz and newton_schulz_tp; tags read with git, research notes H).
 MINIMUM_VERSIONS: dict[str, str] = {"emerging-optimizers": "0.2.0"}
@@ -93,28 +93,6 @@ def version_matches(expected: str, installed: str) -> bool:
     return have[: len(want)] == want
 
 
-BRIDGE_HOOK = "setup_optimizer hook (Bridge 0.3)"
-BRIDGE_PROVIDE = "OptimizerConfig.provide() (Bridge >= 0.4)"
-MCORE_ASSEMBLY = "layer-wise assembly (Megatron-Core 0.16, 0.17)"
-MCORE_REGISTRY = "emerging-optimizer registry (Megatron-Core >= 0.18)"
-
-
-def bridge_integration(bridge_version: str) -> str:
-    """`BRIDGE_HOOK` or `BRIDGE_PROVIDE`: how engine 'nemo_muon' enters Megatron-Bridge ``bridge_version``."""
-    numbers = release_numbers(bridge_version)[:2]
-    if numbers < (0, 3):
-        raise fail("megatron-bridge", bridge_version, "0.3 or newer (NGC 26.02 onwards)")
-    return BRIDGE_HOOK if numbers == (0, 3) else BRIDGE_PROVIDE
-
-
-def mcore_integration(mcore_version: str) -> str:
-    """`MCORE_ASSEMBLY` or `MCORE_REGISTRY`: how engine 'nemo_muon' enters Megatron-Core ``mcore_version``."""
-    numbers = release_numbers(mcore_version)[:2]
-    if numbers < (0, 16):
-        raise fail("megatron-core", mcore_version, "0.16 or newer (the first with Muon)")
-    return MCORE_ASSEMBLY if numbers < (0, 18) else MCORE_REGISTRY
-
-
 @dataclass(frozen=True, kw_only=True)
 class ContainerRelease:
     """The software stack of one ``nvcr.io/nvidia/nemo`` release and what nemo-muon adds on top of it."""
@@ -151,16 +129,6 @@ class ContainerRelease:
             if dist in BASE_OWNED_DISTRIBUTIONS:
                 raise fail("ContainerRelease.extra_requirements", req, f"a package the base lacks, not one of {BASE_OWNED_DISTRIBUTIONS}")
 
-    @property
-    def bridge_integration(self) -> str:
-        """How engine 'nemo_muon' enters this release's Bridge: `BRIDGE_HOOK` (0.3) or `BRIDGE_PROVIDE` (>= 0.4)."""
-        return bridge_integration(self.megatron_bridge)
-
-    @property
-    def mcore_integration(self) -> str:
-        """How it enters this release's Megatron-Core: `MCORE_ASSEMBLY` (0.16, 0.17) or `MCORE_REGISTRY` (>= 0.18)."""
-        return mcore_integration(self.megatron_core)
-
     def expected_distributions(self) -> dict[str, str]:
         """Distribution name -> documented version for every pip-visible component (undocumented ones left out)."""
         out = {
@@ -193,8 +161,6 @@ class ContainerRelease:
         """Plain dict (JSON-ready) of every field."""
         d = dataclasses.asdict(self)
         d["extra_requirements"] = list(self.extra_requirements)
-        d["bridge_integration"] = self.bridge_integration
-        d["mcore_integration"] = self.mcore_integration
         return d
 
 
@@ -322,7 +288,7 @@ CONTAINER_STACK: tuple[StackRow, ...] = (
     StackRow("transformers", "4.57 (NeMo 2.7's ~=4.57.0)", "4.57.6", "newest 4.57"),
     StackRow("emerging-optimizers", "0.1.0 (Bridge's uv.lock)", "0.3.0", "the only release on PyPI, and what "
              "the nemo-muon image installs over 0.1.0 (which lacks what nemo-muon's Muon imports); Megatron-Core "
-             "0.16's own Muon cannot use it (nemo_muon.megatron.stack refuses that combination)"),
+             "0.16's own Muon cannot use it (nemo_muon.megatron.shared.stack refuses that combination)"),
     StackRow("transformer-engine", "2.12", None, "no CPU build: tests answer Bridge's two unguarded imports with "
              "tests/megatron_cpu/te_stub.py and use Megatron's local (no-TE) layer spec"),
     StackRow("apex, mamba-ssm, causal-conv1d, flash-linear-attention, nvidia-resiliency-ext, timm, open-clip-torch, "

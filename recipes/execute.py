@@ -71,11 +71,11 @@ def describe(recipe: TrainingRecipe) -> str:
 
 def backend_pretrain(backend: str) -> Callable[..., Any]:
     """The training function of a backend: 'torch' -> nemo_muon.train.pretrain.pretrain (CPU/GPU, torchrun),
-    'megatron' -> nemo_muon.megatron.bridge.pretrain (Megatron-Bridge in the NeMo container, one task per GPU)."""
+    'megatron' -> nemo_muon.megatron.bridge.container.pretrain (Megatron-Bridge in the NeMo container, one task per GPU)."""
     if backend == "torch":
         from nemo_muon.train.pretrain import pretrain
     elif backend == "megatron":
-        from nemo_muon.megatron.bridge import pretrain
+        from nemo_muon.megatron.bridge.container import pretrain
     else:
         raise ValueError(f"recipe.backend must be one of ('megatron', 'torch'); got {backend!r}")
     return pretrain

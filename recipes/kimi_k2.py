@@ -1,6 +1,6 @@
 """Kimi K2 (1T MoE, MLA, 384 experts top-8) on 256 GB300: the Megatron-Bridge 26.02 perf configuration.
 
-TP1 PP4 VP4 CP1 EP64, GBS 4096, MBS 2, seq 4096, MXFP8 and Muon by default (numbers in `nemo_muon/megatron/bridge_presets.py`,
+TP1 PP4 VP4 CP1 EP64, GBS 4096, MBS 2, seq 4096, MXFP8 and Muon by default (numbers in `nemo_muon/megatron/bridge/perf_presets.py`,
 architecture in `nemo_muon.models.specs.KIMI_K2`). Other systems: `bridge_perf_recipe(..., gpu=..., num_gpus=...)`.
 """
 

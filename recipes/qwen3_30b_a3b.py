@@ -1,6 +1,6 @@
 """Qwen3-30B-A3B (128 experts top-8, GQA) on 8 GB300: the Megatron-Bridge 26.02 perf configuration.
 
-TP1 PP1 EP8, GBS 512, MBS 8, seq 4096, MXFP8 (numbers in `nemo_muon/megatron/bridge_presets.py`, architecture in
+TP1 PP1 EP8, GBS 512, MBS 8, seq 4096, MXFP8 (numbers in `nemo_muon/megatron/bridge/perf_presets.py`, architecture in
 `nemo_muon.models.specs.QWEN3_30B_A3B`). NVIDIA ships AdamW only for this model; the Muon and SOAP variants are ours.
 """
 

@@ -1,6 +1,6 @@
 """The parameterized Bridge perf recipe builder for any system / GPU count.
 
-Bridge's perf presets live with the megatron integration (`nemo_muon.megatron.bridge_presets.BRIDGE_PERF_LAYOUTS`);
+Bridge's perf presets live with the megatron integration (`nemo_muon.megatron.bridge.perf_presets.BRIDGE_PERF_LAYOUTS`);
 this module adds what `_benchmark_common` sets (50 steps, 10 warmup steps, no checkpoints, mock data).
 `bridge_perf_recipe()` turns a preset row into a `TrainingRecipe`; the named factories in `kimi_k2.py` /
 `qwen3_30b_a3b.py` call it. Torch-free.
@@ -25,7 +25,7 @@ from nemo_muon.config.recipe import (
     TrainerConfig,
     TrainingRecipe,
 )
-from nemo_muon.megatron.bridge_presets import perf_layout
+from nemo_muon.megatron.bridge.perf_presets import perf_layout
 from nemo_muon.models.specs import ModelSpec
 from nemo_muon.registry import spec_named
 

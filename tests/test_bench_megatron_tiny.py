@@ -1,5 +1,5 @@
 """bench/gpu/megatron_tiny.py trains only the Muon engines the stack can build: on the NGC 26.02 stack Megatron's own
-Muon is left out, naming the `nemo_muon.megatron.stack` rule; on a stack that builds both, both run."""
+Muon is left out, naming the `nemo_muon.megatron.shared.stack` rule; on a stack that builds both, both run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from nemo_muon.megatron.stack import installed_versions, release_versions
+from nemo_muon.megatron.shared.stack import installed_versions, release_versions
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gpu" / "megatron_tiny.py"
 

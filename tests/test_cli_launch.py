@@ -215,7 +215,7 @@ def test_torch_backend_on_several_nodes_uses_one_torchrun_per_node_with_c10d(tmp
 def test_job_entry_dispatches_each_backend_to_its_pretrain() -> None:
     from nemo_muon.recipes.execute import backend_pretrain
 
-    from nemo_muon.megatron import bridge
+    from nemo_muon.megatron.bridge import container as bridge
     from nemo_muon.train import pretrain
 
     assert backend_pretrain("torch") is pretrain.pretrain

@@ -397,11 +397,11 @@ def test_newer_release_variant_builds_from_the_same_dockerfile(standin):
 
 
 def test_dockerfile_runs_the_stack_check_for_the_optimizers_the_image_must_run():
-    """The image build ends with nemo_muon.megatron.stack (its refusal: tests/test_megatron_stack.py; NGC 26.02's
+    """The image build ends with nemo_muon.megatron.shared.stack (its refusal: tests/test_megatron_stack.py; NGC 26.02's
     stack: tests/container_stack); on this project's own stack (Megatron-Core 0.19.2) every optimizer passes it."""
     text = (ROOT / "Dockerfile").read_text()
     assert "ARG NEMO_MUON_REQUIRE_OPTIMIZERS=muon" in text
-    assert 'python3 -P -m nemo_muon.megatron.stack --require "${NEMO_MUON_REQUIRE_OPTIMIZERS}"' in text
-    out = subprocess.run([sys.executable, "-P", "-m", "nemo_muon.megatron.stack", "--require", "muon,soap,adamw"],
+    assert 'python3 -P -m nemo_muon.megatron.shared.stack --require "${NEMO_MUON_REQUIRE_OPTIMIZERS}"' in text
+    out = subprocess.run([sys.executable, "-P", "-m", "nemo_muon.megatron.shared.stack", "--require", "muon,soap,adamw"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

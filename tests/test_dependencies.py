@@ -39,8 +39,8 @@ EXTRA_HOMES = {
     # nemo2.py needs NeMo 2.7, which brings NeMo-Run; it is loaded only on demand (nemo_muon.megatron.__getattr__)
     "nemo-run": ("recipes/nemo_run_registration.py", "nemo_muon/megatron/nemo2.py"),
     # Bridge >= 0.4's extension point subclasses Bridge's OptimizerConfig; loaded only where Bridge is installed
-    # (nemo_muon.megatron.bridge.bridge_optimizer_config imports it lazily)
-    "gpu": ("nemo_muon/megatron/bridge_provider.py",),
+    # (nemo_muon.megatron.bridge.container.bridge_optimizer_config imports it lazily)
+    "gpu": ("nemo_muon/megatron/bridge_04_plus/provider.py",),
 }
 SOURCE_DIRS = ("nemo_muon", "recipes", "launchers")
 

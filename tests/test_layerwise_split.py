@@ -185,7 +185,7 @@ def test_recipes_split_where_the_optimizer_executes_it() -> None:
     from nemo_muon.recipes.execute import build_recipe
 
     from nemo_muon.accounting.planner import plan_recipe
-    from nemo_muon.megatron.recipe_rules import _check_split
+    from nemo_muon.megatron.shared.recipe_rules import _check_split
 
     tiny = build_recipe("tiny_kimi_k2_muon", ["optimizer.ns_split_target=1.02"])
     split = plan_recipe(tiny, 4)["ns_split"]

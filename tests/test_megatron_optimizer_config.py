@@ -11,8 +11,8 @@ from megatron.core.optimizer import OptimizerConfig as MCoreOptimizerConfig
 from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon, _kwargs_from_config
 
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
-from nemo_muon.megatron.optimizer_config import (
-    API_018,
+from nemo_muon.megatron.generations import CORE_018_PLUS
+from nemo_muon.megatron.shared.optimizer_config import (
     MEGATRON_MUON_DEFAULTS,
     soap_accepts_precondition_frequency,
     to_megatron_optimizer_config,
@@ -28,7 +28,7 @@ def test_muon_maps_to_real_019_config_with_traps_fixed():
     cfg, spec = to_megatron_optimizer_config(MuonConfig(lr=2e-4, weight_decay=0.1, engine="megatron", **MEGATRON_MUON),
                                              grad_clip=0.5)
     assert isinstance(cfg, MCoreOptimizerConfig)
-    assert spec.api == API_018 and spec.builder == "get_megatron_optimizer" and spec.bridge_optimizer == "dist_muon"
+    assert spec.api == CORE_018_PLUS and spec.builder == "get_megatron_optimizer" and spec.bridge_optimizer == "dist_muon"
     ours = to_megatron_optimizer_config(MuonConfig(lr=2e-4, weight_decay=0.1, **MEGATRON_MUON), grad_clip=0.5)
     assert ours[1].builder == "nemo_muon" and ours[0] == cfg  # the same Megatron config, our Muon built inside it
     with pytest.raises(ValueError, match="muon.engine='nemo_muon' cannot be honoured by Megatron-Core: nemo-muon's "
@@ -98,7 +98,7 @@ def test_engine_nemo_muon_builds_from_our_config_never_from_megatrons_copy():
     Megatron's config, where frameworks and Megatron's scheduler set them."""
     import torch
 
-    from nemo_muon.megatron.registration import engine_class_of, engine_kwargs
+    from nemo_muon.megatron.shared.engine import engine_class_of, engine_kwargs
     from nemo_muon.registry import spec_for
     from nemo_muon.registry.normuon import NorMuonConfig
 
@@ -122,7 +122,7 @@ def test_engine_nemo_muon_builds_from_our_config_never_from_megatrons_copy():
 
 
 def test_nonfinite_skip_maps_for_our_engine_only():
-    """Engine 'nemo_muon' skips a non-finite step on every rank (`nemo_muon.megatron.nonfinite`); Megatron's own
+    """Engine 'nemo_muon' skips a non-finite step on every rank (`nemo_muon.megatron.shared.nonfinite`); Megatron's own
     Muon has no skip-step in bf16, so there the policy is refused above."""
     skip, _ = to_megatron_optimizer_config(MuonConfig(split_gate_up=False, nonfinite="skip"))
     raise_, _ = to_megatron_optimizer_config(MuonConfig(split_gate_up=False, nonfinite="raise"))

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from nemo_muon.recipes import get_recipe
 
-from nemo_muon.megatron import stack
+from nemo_muon.megatron.shared import stack
 
 
 def _rules(**versions: str | None) -> set[str]:
@@ -97,7 +97,7 @@ def test_with_megatron_installed_the_installed_stack_is_judged():
 
 
 def test_the_image_build_check_refuses_a_stack_that_cannot_run_the_required_optimizers(monkeypatch, capsys):
-    """`python -m nemo_muon.megatron.stack --require ...` (the Dockerfile's last step) on NeMo 2.7 + Megatron-Core
+    """`python -m nemo_muon.megatron.shared.stack --require ...` (the Dockerfile's last step) on NeMo 2.7 + Megatron-Core
     0.19: exit 1 naming what cannot run; a stack without breaks passes."""
     broken = {stack.MCORE: "0.19.2", stack.EMERGING_OPTIMIZERS: "0.3.0", stack.NEMO: "2.7.0"}
     monkeypatch.setattr(stack, "installed_versions", lambda: broken)
@@ -113,7 +113,7 @@ def test_the_image_build_check_refuses_a_stack_that_cannot_run_the_required_opti
 @pytest.mark.parametrize("optimizer", ["soap", "normuon"])
 def test_every_optimizer_inside_megatron_may_checkpoint(checkpoint, optimizer):
     """SOAP's factors and NorMuon's row-wise moments go through Megatron's dist_checkpointing as tensors keyed by
-    their parameter (`nemo_muon.megatron.state_checkpoint`; the save and resume run in tests/megatron_cpu): a
+    their parameter (`nemo_muon.megatron.shared.state_checkpoint`; the save and resume run in tests/megatron_cpu): a
     recipe with checkpoints is valid."""
     from nemo_muon.recipes.overrides import apply_overrides
 
@@ -125,14 +125,14 @@ def test_every_optimizer_inside_megatron_may_checkpoint(checkpoint, optimizer):
 
 
 def test_a_megatron_resume_refuses_a_cut_shard_before_bridge_runs(tmp_path):
-    """`nemo_muon.megatron.bridge.pretrain` checks the checkpoint its resume would load (the tracker's iteration)
+    """`nemo_muon.megatron.bridge.container.pretrain` checks the checkpoint its resume would load (the tracker's iteration)
     before Bridge is imported or the model built: a shard cut short is refused naming the file."""
     import torch
     import torch.distributed.checkpoint as dcp
 
     from nemo_muon.config.recipe import CheckpointConfig
     from nemo_muon.layerwise.checkpoint import CheckpointError
-    from nemo_muon.megatron import bridge
+    from nemo_muon.megatron.bridge import container as bridge
 
     folder = tmp_path / "iter_0000007"
     dcp.save({"weight": torch.arange(4096.0)}, checkpoint_id=str(folder), no_dist=True)

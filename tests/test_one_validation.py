@@ -114,7 +114,7 @@ def test_every_entry_point_accepts_the_same_recipes_and_they_train(entry_points,
 
     from megatron.core.optimizer import OptimizerConfig
 
-    from nemo_muon.megatron.bridge import bridge_field_overrides, bridge_optimizer_spec
+    from nemo_muon.megatron.bridge.container import bridge_field_overrides, bridge_optimizer_spec
 
     spec = bridge_optimizer_spec(built, {f.name for f in dataclasses.fields(OptimizerConfig)})
     OptimizerConfig(**spec.kwargs)  # the installed Megatron-Core takes the mapped optimizer

@@ -16,7 +16,7 @@ from nemo_muon.recipes.systems import bridge_perf_recipe
 
 from nemo_muon.accounting.layout import LayoutError
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
-from nemo_muon.megatron.bridge_presets import BRIDGE_PERF_LAYOUTS
+from nemo_muon.megatron.bridge.perf_presets import BRIDGE_PERF_LAYOUTS
 from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
 from nemo_muon.registry import names
 
@@ -204,8 +204,8 @@ def test_every_megatron_recipe_is_a_consistent_layout_on_the_system_its_name_say
 def test_recipes_doc_lists_the_deliberate_differences_from_bridge():
     from pathlib import Path
 
-    from nemo_muon.megatron.bridge import deliberate_differences_markdown
-    from nemo_muon.megatron.bridge_perf_recipes import deliberate_differences_06_markdown
+    from nemo_muon.megatron.bridge_03.library_recipe import deliberate_differences_markdown
+    from nemo_muon.megatron.bridge_06.perf_recipes import deliberate_differences_06_markdown
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "recipes.md").read_text()
     assert deliberate_differences_markdown() in doc

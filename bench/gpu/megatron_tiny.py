@@ -5,7 +5,7 @@ Run on a GPU machine with the project's .venv (Megatron-Core 0.19.2):
 Prints the loss curve and the median step time after 3 warm-up steps. For Muon it trains once per engine in the same
 process (nemo-muon's Muon and Megatron-Core's own, both inside Megatron's layer-wise optimizer, same seed and data)
 and prints the ratio of their median step and optimizer-step times. Only the engines the installed stack can build
-run (`nemo_muon.megatron.stack`): on the NGC 26.02 stack (Megatron-Core 0.16 + emerging-optimizers 0.3) Megatron's
+run (`nemo_muon.megatron.shared.stack`): on the NGC 26.02 stack (Megatron-Core 0.16 + emerging-optimizers 0.3) Megatron's
 own Muon cannot be built, so it is left out, with the rule that says why, and no ratio is printed.
 """
 
@@ -27,7 +27,7 @@ MUON_ENGINES: tuple[str, ...] = ("nemo_muon", "megatron")
 
 def runnable_engines(optimizer: str, versions: dict[str, str | None]) -> tuple[list[str | None], dict[str, str]]:
     """(engines to train, {engine left out: why}) for ``optimizer`` on the stack ``versions`` (AdamW: ``[None]``)."""
-    from nemo_muon.megatron.stack import problems_for_optimizer
+    from nemo_muon.megatron.shared.stack import problems_for_optimizer
 
     if optimizer == "adamw":
         return [None], {}
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
 
-    from nemo_muon.megatron.stack import installed_versions
+    from nemo_muon.megatron.shared.stack import installed_versions
 
     engines, left_out = runnable_engines(args.optimizer, installed_versions())
     for engine, why in left_out.items():
@@ -72,7 +72,7 @@ def main() -> None:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from nemo_muon.megatron.build import build_megatron_optimizer
+    from nemo_muon.megatron.shared.build import build_megatron_optimizer
     from tests.megatron_cpu import training as t
 
     parallel_state.initialize_model_parallel()

@@ -1,5 +1,5 @@
 """GPU check: the device work of Megatron-Core 0.16 / 0.17's gradients reduced to their owners
-(`nemo_muon.megatron.owner_reduce`) on CUDA tensors and NCCL: one rank packs a gradient bucket in owner order, issues
+(`nemo_muon.megatron.core_016_017.owner_reduce`) on CUDA tensors and NCCL: one rank packs a gradient bucket in owner order, issues
 the owners' reduces and the shared all-reduce, and unpacks its own segment, as every rank of a DP group does.
 
     torchrun --nproc-per-node 1 bench/gpu/owner_pack.py [--dp 8] [--hidden 7168] [--reps 20]
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from nemo_muon.megatron.owner_reduce import PendingReduce, route_bucket, start_reduce  # noqa: E402
+from nemo_muon.megatron.core_016_017.owner_reduce import PendingReduce, route_bucket, start_reduce  # noqa: E402
 
 
 def layer_shapes(hidden: int) -> list[tuple[int, int]]:

@@ -33,7 +33,7 @@ together (``accounting.ns_split``: distributed NS over the block, its true per-m
 busiest rank's largest matrix until the stage's max/mean reaches the target (``ownership.plan_ownership``). Only
 with TP = 1 (under TP a matrix is already a shard; a split would nest in the TP mode) and never for routed experts
 (owned within their EP rank's expert-DP group, or, at EP = 1, kept whole as the engines keep them).
-``split_gather_update`` counts the extra all-gather of the whole update that Megatron's layer-wise optimizer needs (``nemo_muon.megatron.cost_balanced``); the whole-tensor optimizer shares the slices in its usual buckets.
+``split_gather_update`` counts the extra all-gather of the whole update that Megatron's layer-wise optimizer needs (``nemo_muon.megatron.core_016_017.cost_balanced``); the whole-tensor optimizer shares the slices in its usual buckets.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Per member and step (``SplitOption``):
 - ``extra_bytes``: what the split sends beyond whole-tensor ownership, ring model with fp32 payloads: per part in
   distributed mode ``steps`` all-reduces of the m×m Gram matrix and one of the norm, 2(k-1)/k of each; per part
   gathered, (k-1)/k of the part; with ``gather_update`` (an engine that needs the whole update on every member:
-  Megatron's layer-wise optimizer, ``nemo_muon.megatron.cost_balanced``) (k-1)/k of the whole update. The standard
+  Megatron's layer-wise optimizer, ``nemo_muon.megatron.core_016_017.cost_balanced``) (k-1)/k of the whole update. The standard
   iteration's count (one Gram all-reduce per step) is used, as for FLOPs; the Gram algorithm nemo_muon picks for
   elongated fp32 matrices on CPU sends one.
 """

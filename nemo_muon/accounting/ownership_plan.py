@@ -1,6 +1,6 @@
 """Ownership plan of the layer-wise distributed optimizer: which data-parallel rank updates which whole tensor.
 
-Torch-free: the whole-tensor optimizer (``nemo_muon.layerwise``), Megatron's layer-wise optimizer (``nemo_muon.megatron.cost_balanced``),
+Torch-free: the whole-tensor optimizer (``nemo_muon.layerwise``), Megatron's layer-wise optimizer (``nemo_muon.megatron.core_016_017.cost_balanced``),
 the stage plans (``model_ownership``) and the planner use it. The items' costs come from the one cost model of a
 matrix update, ``nemo_muon.registry.cost`` (``ns_cost``, ``soap_cost``, asked through each optimizer's registry
 entry); the assignment rules:

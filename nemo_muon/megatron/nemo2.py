@@ -16,8 +16,8 @@ NeMo's `MegatronStrategy` copies ``use_distributed_optimizer`` from the module's
 `EmergingOptimizerModule` is a module-level `MegatronOptimizerModule` subclass. Its arguments are our validated
 optimizer config (`MuonConfig` / `SoapConfig` / `AdamWConfig`, the single source of every optimizer value), the
 scheduler and the clip; the Megatron-Core `OptimizerConfig` NeMo's machinery reads (``self.config``) is derived from
-them by the tested mapping (`nemo_muon.megatron.optimizer_config`). ``optimizers()`` builds through
-`nemo_muon.megatron.build`, never through NeMo 2.7's ``setup_megatron_optimizer`` (it passes
+them by the tested mapping (`nemo_muon.megatron.shared.optimizer_config`). ``optimizers()`` builds through
+`nemo_muon.megatron.shared.build`, never through NeMo 2.7's ``setup_megatron_optimizer`` (it passes
 ``no_weight_decay_cond`` / ``scale_lr_cond`` / ``lr_mult``, which neither Megatron-Core 0.16.0 nor 0.19.2 accepts).
 
 No ``from __future__ import annotations`` here: NeMo-Run evaluates a factory's return annotation itself.
@@ -28,8 +28,8 @@ import inspect
 from typing import Any
 
 from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
-from nemo_muon.megatron.build import build_from_megatron_config, mpu_process_groups
-from nemo_muon.megatron.optimizer_config import (
+from nemo_muon.megatron.shared.build import build_from_megatron_config, mpu_process_groups
+from nemo_muon.megatron.shared.optimizer_config import (
     MEGATRON_MUON_DEFAULTS,
     ddp_flags,
     to_megatron_optimizer_config,

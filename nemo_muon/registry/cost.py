@@ -2,7 +2,7 @@
 
 Every consumer asks these functions through an optimizer's `OptimizerSpec` (``spec.matrix``): the planner
 (``nemo_muon.accounting``), the whole-tensor optimizer's ownership (``nemo_muon.layerwise.plan_items``), the ownership inside
-Megatron-Core (``nemo_muon.megatron.cost_balanced``) and the split (``nemo_muon.accounting.ns_split``).
+Megatron-Core (``nemo_muon.megatron.core_016_017.cost_balanced``) and the split (``nemo_muon.accounting.ns_split``).
 
 - Newton–Schulz (``ns_flop_terms``, the counting rule of docs/flops.md): one iteration on X (m x n, m <= n after
   transposing) is A = X·Xᵀ (2m²n, or m²n as a SYRK), B = b·A + c·A·A (2m³, or m³), X <- a·X + B·X (2m²n); ``steps``

@@ -45,7 +45,7 @@ SPEC = OptimizerSpec(
     matrix=MUON_MATRIX,
     megatron=MegatronSpec(
         engines=("nemo_muon", "megatron"), bridge_name="muon", registered_name="nemo_muon",
-        fields="nemo_muon.megatron.optimizer_config:muon_fields", adam_part=muon_adam_part,
+        fields="nemo_muon.megatron.shared.optimizer_config:muon_fields", adam_part=muon_adam_part,
         recipe_defaults={"split_gate_up": False, "nonfinite": "raise"},
     ),
 )

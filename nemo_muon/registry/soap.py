@@ -29,7 +29,7 @@ SPEC = OptimizerSpec(
                       state_elements=soap_state_elements, newton_schulz=False, splittable=False),
     megatron=MegatronSpec(
         engines=("nemo_muon", "megatron"), bridge_name="soap", registered_name="nemo_soap",
-        fields="nemo_muon.megatron.optimizer_config:soap_fields",
+        fields="nemo_muon.megatron.shared.optimizer_config:soap_fields",
         recipe_defaults={"nonfinite": "raise"},
     ),
 )

@@ -57,7 +57,7 @@ class MegatronSpec:
     registry (``OptimizerConfig.optimizer``)."""
     fields: str | None = None
     """``"module:function"`` of the mapping ``(config, api, field_names, *, engine, ...) -> (OptimizerConfig kwargs,
-    Megatron's name)`` (``nemo_muon.megatron.optimizer_config``): the fields Megatron's config shows for either
+    Megatron's name)`` (``nemo_muon.megatron.shared.optimizer_config``): the fields Megatron's config shows for either
     engine (engine 'nemo_muon' never reads them back), and what engine 'megatron' runs."""
     adam_part: Callable[[Any], tuple[tuple[float, float], float]] = lambda cfg: (cfg.betas, cfg.eps)
     """Config -> (betas, eps) of Megatron's Adam, which updates what the matrix optimizer does not."""

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 from nemo_muon.recipes import get_recipe, list_recipes
 
-from nemo_muon.megatron.bridge import build_config_container, config_container
-from nemo_muon.megatron.stack import installed_versions, problems_for_optimizer
+from nemo_muon.megatron.bridge.container import build_config_container, config_container
+from nemo_muon.megatron.shared.stack import installed_versions, problems_for_optimizer
 from nemo_muon.versions import get_release
 from tests.megatron_cpu.bridge_validation import target_machine
 

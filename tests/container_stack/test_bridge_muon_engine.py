@@ -1,6 +1,6 @@
 """Megatron-Bridge 0.3 builds nemo-muon's Muon and SOAP (engine 'nemo_muon') through its own setup_optimizer, on NGC
 26.02's stack where Megatron-Core 0.16's own Muon cannot be built (emerging-optimizers 0.3.0) and it has no SOAP:
-the version-pinned hook (`nemo_muon.megatron.bridge_hook`) and tiny MoE models trained by what Bridge builds."""
+the version-pinned hook (`nemo_muon.megatron.bridge_03.hook`) and tiny MoE models trained by what Bridge builds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from nemo_muon.megatron import bridge_hook
+from nemo_muon.megatron.bridge_03 import hook as bridge_hook
 from tests.distributed import run_distributed
 from tests.megatron_cpu.training import train_through_bridge_setup_optimizer
 
@@ -22,7 +22,7 @@ def test_bridge_setup_optimizer_builds_and_trains_ours(spec, optimizer, ours):
     assert result["hook_installed"]
     assert "NsBalancedLayerWiseOptimizer" in result["optimizers"] and ours in result["optimizers"]  # 0.16: by NS cost
     assert "TensorParallelMuon" not in result["optimizers"]
-    # gradients reduced to their owners, parameters gathered in the next forward (nemo_muon.megatron.owner_reduce)
+    # gradients reduced to their owners, parameters gathered in the next forward (nemo_muon.megatron.core_016_017.owner_reduce)
     assert result["grads_to_owners"] and all(result["grads_to_owners"]) and result["gathers_in_flight_after_step"] > 0
     losses = result["losses"]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses

@@ -18,7 +18,8 @@ import pytest
 from nemo_muon.recipes import get_recipe, list_recipes
 
 from nemo_muon.config.recipe import TrainingRecipe
-from nemo_muon.megatron.bridge import DELIBERATE_DIFFERENCES, config_container
+from nemo_muon.megatron.bridge.container import config_container
+from nemo_muon.megatron.bridge_03.library_recipe import DELIBERATE_DIFFERENCES
 from tests.megatron_cpu.bridge_validation import target_machine
 
 GB300_RECIPES = sorted(n for n in list_recipes()

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_muon.megatron.model_config import transformer_config_fields
 from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
+from tests.megatron_cpu.model_config import transformer_config_fields
 
 NEMO_MUON = str(Path(sys.executable).parent / "nemo-muon")
 
@@ -68,7 +68,7 @@ def test_architecture_fields_equal_bridges_model_providers(spec, provider, bridg
 def test_container_build_check_builds_an_image_for_every_optimizer(require):
     """The Dockerfile's last RUN step on this stack: Muon, SOAP (nemo-muon's engine) and AdamW images build; the
     breaks of Megatron's own optimizers are reported, not fatal (the stack CLI's refusal: tests/test_megatron_stack)."""
-    out = subprocess.run([sys.executable, "-P", "-m", "nemo_muon.megatron.stack", "--require", require],
+    out = subprocess.run([sys.executable, "-P", "-m", "nemo_muon.megatron.shared.stack", "--require", require],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "[mcore016-muon-emerging-optimizers] muon (engine 'megatron') cannot run" in out.stdout

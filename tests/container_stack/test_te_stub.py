@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_muon.megatron.bridge import BRIDGE_BASE_RECIPES
+from nemo_muon.megatron.bridge_03.library_recipe import BRIDGE_BASE_RECIPES
 from tests.megatron_cpu.te_stub import STUBBED_MODULES
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Megatron-Bridge's own model setup (a model provider's ``provide_distributed_model``: pre-wrap hooks, Megatron-Core's
 ``dist_utils._ddp_wrap``) and optimizer setup (``setup_optimizer``) on the tiny model, with the product's cost-layout
-wiring (`nemo_muon.megatron.bridge_layout`) or without it (Megatron's legacy layer-wise path), trained a few steps:
+wiring (`nemo_muon.megatron.bridge_05_06.layout`) or without it (Megatron's legacy layer-wise path), trained a few steps:
 bytes each rank sends per step, DP replicas, the owners Megatron derived from the layout against the plan."""
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: 
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from nemo_muon.megatron import bridge_layout
-    from nemo_muon.megatron.bridge import bridge_optimizer_config
-    from nemo_muon.megatron.build import ddp_config_kwargs, mpu_process_groups
-    from nemo_muon.megatron.optimizer_config import ddp_flags, to_megatron_optimizer_config
+    from nemo_muon.megatron.bridge.container import bridge_optimizer_config
+    from nemo_muon.megatron.bridge_05_06 import layout as bridge_layout
+    from nemo_muon.megatron.shared.build import ddp_config_kwargs, mpu_process_groups
+    from nemo_muon.megatron.shared.optimizer_config import ddp_flags, to_megatron_optimizer_config
     from tests.megatron_cpu.te_stub import bridge_imports_without_te
 
     bridge_imports_without_te()
@@ -108,8 +108,8 @@ def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spe
     import torch
     import torch.distributed as dist
 
-    from nemo_muon.megatron import bridge_layout
-    from nemo_muon.megatron.split_shares import _our_muons
+    from nemo_muon.megatron.bridge_05_06 import layout as bridge_layout
+    from nemo_muon.megatron.core_018_plus.split_shares import _our_muons
 
     with megatron_parallel() as parallel_state:
         setup = bridge_setup(spec_name, steps, cost_layout, optimizer_name, split_target, grad_clip)
@@ -157,7 +157,7 @@ def ddp_wrap_tiny(rank: int, world_size: int, group: Any, without: tuple[str, ..
     shims but ``without``; returns each shim's call sites."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
-    from nemo_muon.megatron.build import mpu_process_groups
+    from nemo_muon.megatron.shared.build import mpu_process_groups
     from tests.megatron_cpu import shims
 
     with megatron_parallel(without):

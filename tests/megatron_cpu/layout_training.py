@@ -107,12 +107,12 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
     parameters, the chained one over its distributed optimizer's element slices), one ulp apart. ``split_target``:
     Muon's ``ns_split_target`` (layout 'cost': the plan's splits, by parameter name, are returned); ``ep``: expert
     parallelism (expert-DP = world / ep); ``collectives``: Megatron-Core 0.16 / 0.17's wiring of our engine
-    (`nemo_muon.megatron.registration.COLLECTIVES_016`; None: the default); ``pp``: pipeline stages (the data-parallel
+    (`nemo_muon.megatron.core_016_017.assembly.COLLECTIVES`; None: the default); ``pp``: pipeline stages (the data-parallel
     size is world / pp)."""
     import torch
     import torch.distributed as dist
 
-    from nemo_muon.megatron.cost_layout import layout_api_problems, owned_costs, update_costs
+    from nemo_muon.megatron.core_018_plus.cost_layout import layout_api_problems, owned_costs, update_costs
 
     sizes = {**({"expert_model_parallel_size": ep} if ep > 1 else {}),
              **({"pipeline_model_parallel_size": pp} if pp > 1 else {})}
@@ -170,7 +170,7 @@ def train_virtual_pipeline(rank: int, world_size: int, group: Any, collectives: 
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from nemo_muon.megatron.build import build_megatron_optimizer
+    from nemo_muon.megatron.shared.build import build_megatron_optimizer
     from nemo_muon.optim.routed import RoutedOptimizer
     from tests.megatron_cpu.training import (
         SEED,

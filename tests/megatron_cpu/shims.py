@@ -85,7 +85,7 @@ SHIMS: dict[str, Shim] = {s.name: s for s in (
          "0.16's RouterGatingLinearFunction.forward (moe_router_dtype='fp32', Kimi K2's router) reads the module "
          "global te_general_gemm, which is only assigned when TE imports", r"name 'te_general_gemm' is not defined"),
     Shim("gloo_uneven_all_gather", "torch.distributed.all_gather of unequal sizes over gloo -> padded to the largest, "
-         "also asynchronous (0.16 only)", ("nemo_muon/megatron/owner_gather.py",),
+         "also asynchronous (0.16 only)", ("nemo_muon/megatron/core_016_017/owner_gather.py",),
          "0.16's LayerWiseDistributedOptimizer.allgather_params (the legacy wiring) and nemo-muon's gather in the next "
          "forward (owner_gather, the default) gather each rank's flattened matrices, of unequal sizes; NCCL accepts "
          "unequal sizes, gloo does not", r"invalid tensor size"),

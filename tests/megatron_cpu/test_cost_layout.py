@@ -1,5 +1,5 @@
 """Megatron-Core >= 0.18's layer-wise parameter layout with ownership by update cost
-(`nemo_muon.megatron.cost_layout`), on the tiny Kimi K2 model with our Muon, against the legacy wiring (DDP
+(`nemo_muon.megatron.core_018_plus.cost_layout`), on the tiny Kimi K2 model with our Muon, against the legacy wiring (DDP
 all-reduce, then the layer-wise optimizer's uneven all-gather) and Megatron's own numel layout: the bytes each rank
 sends per step, the fp32 masters after a step, DP replicas, and the update cost each rank owns against the plan.
 On Megatron-Core 0.16 / 0.17 the layout API is absent and the module refuses, naming what is missing."""
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nemo_muon.megatron.cost_layout import layout_api_problems
+from nemo_muon.megatron.core_018_plus.cost_layout import layout_api_problems
 from tests.distributed import run_distributed
 from tests.megatron_cpu.layout_training import train_with_layout
 from tests.megatron_cpu.test_megatron_training import MASTER_TOLERANCE
@@ -27,7 +27,7 @@ gradients (2 (n-1)/n) and all-gathers the parameters; with bf16 gradients 2/3, m
 
 
 def test_an_older_megatron_core_is_refused_naming_what_it_lacks():
-    from nemo_muon.megatron.cost_layout import check_layout_api
+    from nemo_muon.megatron.core_018_plus.cost_layout import check_layout_api
 
     problems = layout_api_problems()
     if MCORE.startswith(("0.16.", "0.17.")):
@@ -208,9 +208,9 @@ def _stage_of_two_chunks(rank: int, world_size: int, group: Any) -> dict[str, An
 
     from megatron.core.distributed import DistributedDataParallelConfig
 
-    from nemo_muon.megatron.build import ddp_config_kwargs
-    from nemo_muon.megatron.cost_layout import plan_cost_layout, plan_items, tag_with_costs
-    from nemo_muon.megatron.split_plan import planned_owner
+    from nemo_muon.megatron.core_018_plus.cost_layout import plan_cost_layout, plan_items, tag_with_costs
+    from nemo_muon.megatron.core_018_plus.split_plan import planned_owner
+    from nemo_muon.megatron.shared.build import ddp_config_kwargs
     from tests.megatron_cpu.training import _model, _pg_collection, megatron_parallel, optimizer_config
 
     with megatron_parallel():

@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from nemo_muon.accounting.model_ownership import model_plan
 from nemo_muon.accounting.ownership_plan import lpt_assign
-from nemo_muon.megatron.stack import installed_versions, problems_for_optimizer
+from nemo_muon.megatron.shared.stack import installed_versions, problems_for_optimizer
 from nemo_muon.models.specs import get_model_spec
 from tests.distributed import run_distributed
 from tests.megatron_cpu.training import (
@@ -257,7 +257,7 @@ def test_experts_are_owned_and_shared_within_their_expert_data_parallel_group():
 @pytest.mark.parametrize("optimizer", ["muon", "soap"])
 def test_matrices_are_owned_by_update_cost_inside_megatron_016(optimizer):
     """Megatron-Core 0.16 (NGC 26.02): engine nemo_muon's layer-wise optimizer owns the matrices by LPT on their
-    update cost (`nemo_muon.megatron.cost_balanced`), the plan our whole-tensor optimizer uses, instead of Megatron's numel
+    update cost (`nemo_muon.megatron.core_016_017.cost_balanced`), the plan our whole-tensor optimizer uses, instead of Megatron's numel
     ping-pong; the per-rank cost is what LPT computes from the matrices' costs and no worse than ping-pong's. On 0.18+
     ownership comes from the parameter layout DDP computes before the optimizer exists: Megatron's, kept."""
     if Version(MCORE) >= Version("0.18"):
@@ -284,7 +284,7 @@ def test_matrices_are_owned_by_update_cost_inside_megatron_016(optimizer):
 
 def test_split_ownership_inside_megatron_016_equals_whole_tensor_ownership(tmp_path):
     """Megatron-Core 0.16 with ``ns_split_target`` (issue 15): the largest matrices' Newton–Schulz runs over both DP
-    ranks (`nemo_muon.megatron.cost_balanced`); the gradient norm counts each split matrix once (the helper's copy is
+    ranks (`nemo_muon.megatron.core_016_017.cost_balanced`); the gradient norm counts each split matrix once (the helper's copy is
     skipped), one step equals whole-tensor ownership within fp32 rounding of the distributed NS, replicas stay
     identical, and a `dist_checkpointing` save + resume continues bit for bit (the helper's tensors
     are replicas). On 0.18+ the split is planned into DDP's layout (test_cost_layout)."""

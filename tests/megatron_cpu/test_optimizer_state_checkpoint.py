@@ -1,7 +1,7 @@
 """A SOAP checkpoint through Megatron's `dist_checkpointing` (its Kronecker factors, eigenbases and per-matrix step
-as tensors keyed by the parameter: `nemo_muon.megatron.state_checkpoint`), checked on the way back in: every rank's
+as tensors keyed by the parameter: `nemo_muon.megatron.shared.state_checkpoint`), checked on the way back in: every rank's
 weights equal their owners' masters after the load (Megatron-LM #6920), and a cut or missing shard file is refused
-by name before anything is read (`nemo_muon.megatron.checkpoint_files`). Runs on Megatron-Core 0.19 (.venv) and 0.16
+by name before anything is read (`nemo_muon.megatron.shared.checkpoint_files`). Runs on Megatron-Core 0.19 (.venv) and 0.16
 (.venv-ngc); the resume itself, bit for bit and at another data-parallel size, is in `test_megatron_training.py`."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import pytest
 from packaging.version import Version
 
 from nemo_muon.layerwise.checkpoint import CheckpointError
-from nemo_muon.megatron.checkpoint_files import (
+from nemo_muon.megatron.shared.checkpoint_files import (
     TRACKER_FILE,
     check_checkpoint_files,
     check_resume_folder,
     needed_sizes,
 )
-from nemo_muon.megatron.state_checkpoint import KEY_PREFIX
+from nemo_muon.megatron.shared.state_checkpoint import KEY_PREFIX
 from tests.distributed import run_distributed
 from tests.megatron_cpu.training import (
     attempt_resumes,

@@ -1,5 +1,5 @@
 """Megatron-Core 0.16 / 0.17 (NGC 26.02 / 26.04): engine 'nemo_muon' reduces each gradient to its owner and gathers
-the updated parameters in the next forward (`nemo_muon.megatron.owner_reduce`, `nemo_muon.megatron.owner_gather`),
+the updated parameters in the next forward (`nemo_muon.megatron.core_016_017.owner_reduce`, `nemo_muon.megatron.core_016_017.owner_gather`),
 against Megatron's legacy wiring of the same optimizer (DDP all-reduce, the step's all-gather) on the tiny Kimi K2
 model: bytes each rank sends per step, the fp32 masters, losses and replicas. On >= 0.18 DDP's parameter layout
 decides (test_cost_layout.py) and an explicit choice is refused."""
@@ -11,7 +11,7 @@ import importlib.metadata
 import numpy as np
 import pytest
 
-from nemo_muon.megatron.owner_reduce import BucketRoute, route_bucket
+from nemo_muon.megatron.core_016_017.owner_reduce import BucketRoute, route_bucket
 from tests.distributed import run_distributed
 from tests.megatron_cpu.layout_training import train_virtual_pipeline, train_with_layout
 from tests.megatron_cpu.test_megatron_training import MASTER_TOLERANCE
@@ -55,14 +55,14 @@ def test_an_unknown_or_misplaced_collectives_choice_is_refused_naming_it():
     from megatron.core.optimizer import OptimizerConfig
 
     from nemo_muon.config.optimizer import MuonConfig
-    from nemo_muon.megatron.build import build_engine
-    from nemo_muon.megatron.registration import build_layer_wise_016
+    from nemo_muon.megatron.core_016_017.assembly import build_layer_wise
+    from nemo_muon.megatron.shared.build import build_engine
 
     config = OptimizerConfig(optimizer="adam", bf16=True)
     if ASSEMBLY:
         with pytest.raises(ValueError, match=r"collectives must be one of \('reduce_scatter', 'all_reduce'\); "
                                              r"got 'ring'"):
-            build_layer_wise_016(config, [], object(), ours=MuonConfig(), collectives="ring")
+            build_layer_wise(config, [], object(), ours=MuonConfig(), collectives="ring")
     else:
         with pytest.raises(ValueError, match=r"decided by DDP's parameter layout on Megatron-Core >= 0.18 .*"
                                              r"got collectives='all_reduce'"):

@@ -12,7 +12,7 @@ from nemo_muon.recipes import get_recipe
 
 from nemo_muon.config.optimizer import AdamWConfig
 from nemo_muon.config.recipe import DataConfig
-from nemo_muon.megatron.optimizer_config import MEGATRON_MUON_DEFAULTS
+from nemo_muon.megatron.shared.optimizer_config import MEGATRON_MUON_DEFAULTS
 from nemo_muon.train.data import build_token_data
 from tests.distributed import run_distributed
 from tests.megatron_cpu.text_training import TextRun, train_on_text

@@ -1,8 +1,8 @@
 """Tiny Kimi-K2-family and Qwen3-MoE models trained through Megatron-Core's real stack on CPU gloo ranks.
 
 What runs is Megatron's: `GPTModel` (local spec: no Transformer Engine) built from the architecture fields of the
-full recipes (`nemo_muon.megatron.model_config`, checked against Bridge's providers), `Float16Module`,
-`DistributedDataParallel`, the optimizer our mapping builds (`nemo_muon.megatron.build`: distributed Adam, or the
+full recipes (`tests.megatron_cpu.model_config`, checked against Bridge's providers), `Float16Module`,
+`DistributedDataParallel`, the optimizer our mapping builds (`nemo_muon.megatron.shared.build`: distributed Adam, or the
 layer-wise Muon), `forward_backward_no_pipelining` with `finalize_model_grads`, and `dist_checkpointing` save / load.
 What is ours: the four shims (`shims.py`), MLA's core attention (`mla_attention.py`: the local spec has none that
 takes separate key/value head sizes), the CPU kernel choices below (no fused kernels without TE/Apex, the
@@ -48,9 +48,9 @@ def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: i
     from megatron.core.transformer import transformer_config as tc
     from megatron.core.transformer.module import Float16Module
 
-    from nemo_muon.megatron.model_config import config_class, model_fields, transformer_config_fields
     from nemo_muon.models.specs import get_model_spec
     from tests.megatron_cpu.mla_attention import with_cpu_mla_attention
+    from tests.megatron_cpu.model_config import config_class, model_fields, transformer_config_fields
 
     spec = get_model_spec(spec_name)
     cls = getattr(tc, config_class(spec))
@@ -81,14 +81,14 @@ def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: i
 LAYOUTS = ("megatron", "legacy", "cost")
 """How the harness wraps a layer-wise model in DDP on Megatron-Core >= 0.18: Megatron's parameter layout
 (``wrap_model_chunks_with_ddp``: reduce-scatter + all-gather, ownership by numel), the legacy path (no layout:
-all-reduce, then the layer-wise optimizer's uneven all-gather) or ours (`nemo_muon.megatron.cost_layout`:
+all-reduce, then the layer-wise optimizer's uneven all-gather) or ours (`nemo_muon.megatron.core_018_plus.cost_layout`:
 reduce-scatter + all-gather, ownership by update cost). 0.16 / 0.17 have no layout: always the legacy path."""
 
 
 def _ddp(model, config, opt, layer_wise: bool, grad_reduce_in_fp32: bool = False, layout: str = "megatron"):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    from nemo_muon.megatron.build import ddp_config_kwargs
+    from nemo_muon.megatron.shared.build import ddp_config_kwargs
 
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
@@ -98,7 +98,7 @@ def _ddp(model, config, opt, layer_wise: bool, grad_reduce_in_fp32: bool = False
     except ImportError:  # 0.16: the wheel has no megatron.training
         return DistributedDataParallel(config, ddp_config, model)
     if layer_wise and layout == "cost":
-        from nemo_muon.megatron.cost_layout import wrap_with_cost_layout
+        from nemo_muon.megatron.core_018_plus.cost_layout import wrap_with_cost_layout
 
         (wrapped,), (plan,) = wrap_with_cost_layout([model], config, ddp_config, ours=opt,
                                                     pg_collection=_pg_collection(), bucket_size=ddp_config.bucket_size)
@@ -195,7 +195,7 @@ def replica(spec_name: str, optimizer_name: str = "muon", *, build: bool = True,
     `build_megatron_optimizer` makes (``build_kwargs``; the layer-wise one gets the process groups explicitly)."""
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
-    from nemo_muon.megatron.build import build_megatron_optimizer
+    from nemo_muon.megatron.shared.build import build_megatron_optimizer
     from nemo_muon.registry import spec_for
 
     model, config, spec, opt, ddp_model = _seeded_model(spec_name, optimizer_name, **model_kwargs)
@@ -322,7 +322,7 @@ def _checkpoint_state(ddp_model, optimizer, *, loading: bool) -> dict:
 
 def settle(ddp_model) -> None:
     """Finish the parameter gathers a Megatron-Core 0.16 / 0.17 step leaves to the next forward
-    (`nemo_muon.megatron.owner_gather`), before reading the parameters outside a forward."""
+    (`nemo_muon.megatron.core_016_017.owner_gather`), before reading the parameters outside a forward."""
     gathers = getattr(ddp_model, "param_gathers", None)
     if gathers is not None:
         gathers.finish()
@@ -456,7 +456,7 @@ def matrix_optimizer_against_single_process(rank: int, world_size: int, group: A
     reference's parameters, and the largest |value|."""
     import torch
 
-    from nemo_muon.megatron.registration import engine_class_of, engine_kwargs
+    from nemo_muon.megatron.shared.engine import engine_class_of, engine_kwargs
     from nemo_muon.registry import spec_for
 
     with megatron_parallel() as parallel_state:
@@ -504,7 +504,7 @@ def muon_tensor_parallel_against_single_process(rank: int, world_size: int, grou
     import torch
     import torch.distributed as dist
 
-    from nemo_muon.megatron.registration import engine_class, engine_kwargs, fused_layouts
+    from nemo_muon.megatron.shared.engine import engine_class, engine_kwargs, fused_layouts
     from nemo_muon.optim.muon import Muon, tensor_partition_dim
 
     with megatron_parallel(tensor_model_parallel_size=world_size):
@@ -603,9 +603,9 @@ def ownership_loads(rank: int, world_size: int, group: Any, spec_name: str, opti
     """Megatron-Core 0.16: build engine nemo_muon's layer-wise optimizer twice on the tiny model, with ownership by
     update cost (ours, the default) and by Megatron's numel ping-pong, and return per ownership the update cost of
     the matrices this rank owns, the names it owns, and every matrix's cost (for the plan the test recomputes)."""
-    from nemo_muon.megatron.cost_balanced import matrix_cost
-    from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
-    from nemo_muon.megatron.registration import build_layer_wise_016
+    from nemo_muon.megatron.core_016_017.assembly import build_layer_wise
+    from nemo_muon.megatron.shared.optimizer_config import to_megatron_optimizer_config
+    from nemo_muon.megatron.shared.ownership import matrix_cost
 
     with megatron_parallel():
         out: dict[str, Any] = {}
@@ -613,7 +613,7 @@ def ownership_loads(rank: int, world_size: int, group: Any, spec_name: str, opti
             run = replica(spec_name, optimizer_name, build=False)
             opt, ddp_model = run.opt, run.ddp_model
             megatron_config, _ = to_megatron_optimizer_config(opt)
-            optimizer = build_layer_wise_016(megatron_config, [ddp_model], run.pgs, ours=opt, ownership=ownership)
+            optimizer = build_layer_wise(megatron_config, [ddp_model], run.pgs, ours=opt, ownership=ownership)
             params = dict(ddp_model.module.named_parameters())
             masters = _matrix_masters(optimizer, {id(p): n for n, p in params.items()})
             inner = next(iter(masters.values()))[1]
@@ -671,7 +671,7 @@ def nonfinite_gradient_on_one_rank(rank: int, world_size: int, group: Any, spec_
 
 
 BUILDS: tuple[str, ...] = ("builder", "nemo2", "nemo2_cosine")
-"""How `train_tiny` builds the optimizer: `nemo_muon.megatron.build.build_megatron_optimizer`, or NeMo 2's way through
+"""How `train_tiny` builds the optimizer: `nemo_muon.megatron.shared.build.build_megatron_optimizer`, or NeMo 2's way through
 `nemo_muon.megatron.nemo2.EmergingOptimizerModule.optimizers()` (constant lr, or NeMo's warmup + cosine scheduler
 stepped after every optimizer step, as Lightning does)."""
 NEMO2_WARMUP_STEPS, NEMO2_MIN_LR = 2, 1e-3
@@ -781,16 +781,16 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
                                          steps: int, optimizer_name: str = "muon",
                                          engine: str = "nemo_muon") -> dict[str, Any]:
     """Megatron-Bridge's own ``setup_optimizer`` (what Bridge's ``setup()`` calls) on the optimizer config the product
-    gives Bridge (`nemo_muon.megatron.bridge.bridge_optimizer_config`; on Bridge 0.3 with the engine hook installed,
+    gives Bridge (`nemo_muon.megatron.bridge.container.bridge_optimizer_config`; on Bridge 0.3 with the engine hook installed,
     as `pretrain` does), on the tiny model: the optimizer and scheduler Bridge builds, stepped like Bridge's
     train_step does."""
     import torch
     import torch.distributed as dist
 
-    from nemo_muon.megatron import bridge_hook
-    from nemo_muon.megatron.bridge import bridge_optimizer_config, installed_bridge_integration
-    from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
-    from nemo_muon.versions import BRIDGE_HOOK
+    from nemo_muon.megatron.bridge.container import bridge_optimizer_config
+    from nemo_muon.megatron.bridge_03 import hook as bridge_hook
+    from nemo_muon.megatron.generations import installed_bridge_generation
+    from nemo_muon.megatron.shared.optimizer_config import to_megatron_optimizer_config
     from tests.megatron_cpu.te_stub import bridge_imports_without_te
 
     with megatron_parallel() as parallel_state:
@@ -801,7 +801,7 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
         run = replica(spec_name, optimizer_name, build=False, engine=engine)
         spec, opt, ddp_model = run.spec, run.opt, run.ddp_model
         _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0)
-        if engine == "nemo_muon" and installed_bridge_integration() == BRIDGE_HOOK:
+        if engine == "nemo_muon" and installed_bridge_generation().engine_entry == "hook":
             bridge_hook.install(opt)
         scheduler_config = SchedulerConfig(lr_decay_style="constant", start_weight_decay=0.0, end_weight_decay=0.0,
                                            weight_decay_incr_style="constant")

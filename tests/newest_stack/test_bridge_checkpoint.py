@@ -11,8 +11,8 @@ import json
 import pytest
 
 from nemo_muon.layerwise.checkpoint import CheckpointError
-from nemo_muon.megatron.bridge_layout import routes
-from nemo_muon.megatron.checkpoint_files import TRACKER_FILE, check_checkpoint_files, check_resume_folder
+from nemo_muon.megatron.bridge.container import routes_cost_layout as routes
+from nemo_muon.megatron.shared.checkpoint_files import TRACKER_FILE, check_checkpoint_files, check_resume_folder
 from tests.distributed import run_distributed
 from tests.megatron_cpu.bridge_checkpoint import _files, resume_and_die_in_save, train_and_save
 from tests.megatron_cpu.training import optimizer_config

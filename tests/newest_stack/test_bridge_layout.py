@@ -1,5 +1,5 @@
 """The reduce-scatter layout owned by update cost inside Megatron-Bridge's own model setup
-(`nemo_muon.megatron.bridge_layout`): Bridge's provider runs our tagging pre-wrap hook, Megatron-Core's ``_ddp_wrap``
+(`nemo_muon.megatron.bridge_05_06.layout`): Bridge's provider runs our tagging pre-wrap hook, Megatron-Core's ``_ddp_wrap``
 builds DDP on our layout, Bridge's setup_optimizer builds our Muon on it; 2 gloo ranks, against the legacy path."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def _stays_on_the_legacy_path() -> None:
     import importlib.metadata
 
     from nemo_muon.config.optimizer import MuonConfig
-    from nemo_muon.megatron.bridge_layout import routes
-    from nemo_muon.megatron.cost_layout import layout_api_problems
+    from nemo_muon.megatron.bridge.container import routes_cost_layout as routes
+    from nemo_muon.megatron.core_018_plus.cost_layout import layout_api_problems
 
     assert not routes(MuonConfig(lr=0.02, split_gate_up=False), importlib.metadata.version("megatron-bridge"))
     assert layout_api_problems()
@@ -115,7 +115,7 @@ def test_cost_layout_sends_at_most_070_of_the_legacy_bytes(request):
 @pytest.mark.parametrize("version, expected", [("0.6.2", True), ("0.5.1", True), ("0.4.0", False), ("0.3.0", False)])
 def test_only_bridge_05_and_06_route_our_matrix_optimizers_to_the_cost_layout(version, expected):
     from nemo_muon.config.optimizer import AdamWConfig, MuonConfig
-    from nemo_muon.megatron.bridge_layout import routes
+    from nemo_muon.megatron.bridge.container import routes_cost_layout as routes
 
     assert routes(MuonConfig(lr=0.02, split_gate_up=False), version) is expected
     assert not routes(MuonConfig(lr=0.02, split_gate_up=False, engine="megatron"), version)
@@ -129,7 +129,7 @@ def test_the_hook_point_is_pinned(bridge):
 
     from megatron.training.models import dist_utils
 
-    from nemo_muon.megatron.bridge_layout import check_hook_point
+    from nemo_muon.megatron.bridge_05_06.layout import check_hook_point
 
     check_hook_point(dist_utils, "0.6.2")
     with pytest.raises(RuntimeError, match=r"wired into Megatron-Bridge 0.5.x / 0.6.x; installed megatron-bridge 0.7"):
@@ -147,7 +147,7 @@ def test_provide_refuses_ddp_on_megatrons_untagged_layout(bridge):
     import torch
 
     from nemo_muon.config.optimizer import MuonConfig
-    from nemo_muon.megatron.bridge_provider import EngineOptimizerConfig
+    from nemo_muon.megatron.bridge_04_plus.provider import EngineOptimizerConfig
 
     chunk = torch.nn.Linear(4, 4)
     chunk.ddp_config = types.SimpleNamespace(use_distributed_optimizer=True)

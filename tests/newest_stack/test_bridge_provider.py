@@ -9,10 +9,13 @@ from __future__ import annotations
 import pytest
 
 from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
-from nemo_muon.versions import BRIDGE_PROVIDE, MCORE_ASSEMBLY
+from nemo_muon.megatron.generations import CORE_016_017, core_generation
 from tests.distributed import run_distributed
 from tests.megatron_cpu.training import train_through_bridge_setup_optimizer
 from tests.newest_stack.conftest import stack_release
+
+ASSEMBLY = core_generation(stack_release().megatron_core).name == CORE_016_017
+"""Megatron-Core 0.16 / 0.17: our layer-wise assembly (26.04 here); else the registry."""
 
 
 @pytest.mark.parametrize("spec, optimizer, ours", [("tiny_kimi_k2", "muon", "MegatronMuon"),
@@ -25,14 +28,13 @@ def test_bridge_setup_optimizer_provides_and_trains_ours(spec, optimizer, ours):
     assert result["config_class"] == "EngineOptimizerConfig" and result["provides"]
     assert not result["hook_installed"]  # nothing of Bridge rebound
     # Megatron-Core 0.17 (26.04): our layer-wise assembly, matrices owned by NS cost; >= 0.18: Megatron's registry
-    layer_wise = ("NsBalancedLayerWiseOptimizer" if stack_release().mcore_integration == MCORE_ASSEMBLY
+    layer_wise = ("NsBalancedLayerWiseOptimizer" if ASSEMBLY
                   else "LayerWiseDistributedOptimizer")
     assert ours in result["optimizers"] and layer_wise in result["optimizers"]
     assert "TensorParallelMuon" not in result["optimizers"]
     # 0.17: gradients reduced to their owners, parameters gathered in the next forward (owner_reduce); >= 0.18: the
     # legacy wiring here (Bridge's DDP on the cost layout: test_bridge_layout.py)
-    assembly = stack_release().mcore_integration == MCORE_ASSEMBLY
-    assert all(result["grads_to_owners"]) == assembly and (result["gathers_in_flight_after_step"] > 0) == assembly
+    assert all(result["grads_to_owners"]) == ASSEMBLY and (result["gathers_in_flight_after_step"] > 0) == ASSEMBLY
     losses = result["losses"]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
     assert result["replica_max_diff"] == 0.0
@@ -49,24 +51,24 @@ def test_megatrons_own_muon_goes_through_bridges_name_dispatch():
 
 
 def test_the_installed_bridge_is_served_through_provide(bridge):
-    from nemo_muon.megatron.bridge import installed_bridge_integration
+    from nemo_muon.megatron.generations import installed_bridge_generation
 
-    assert installed_bridge_integration() == BRIDGE_PROVIDE
+    assert installed_bridge_generation().engine_entry == "provide"
 
 
 def test_engine_config_carries_our_validated_config_and_megatrons_fields(bridge):
     from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
 
-    from nemo_muon.megatron.bridge import bridge_optimizer_config
-    from nemo_muon.megatron.bridge_provider import EngineOptimizerConfig
-    from nemo_muon.megatron.optimizer_config import to_megatron_optimizer_config
+    from nemo_muon.megatron.bridge.container import bridge_optimizer_config
+    from nemo_muon.megatron.bridge_04_plus.provider import EngineOptimizerConfig
+    from nemo_muon.megatron.shared.optimizer_config import to_megatron_optimizer_config
 
     ours = MuonConfig(lr=0.02, weight_decay=0.1, split_gate_up=False, nesterov=True)
     _, spec = to_megatron_optimizer_config(ours)
     config = bridge_optimizer_config(ours, spec)
     assert isinstance(config, EngineOptimizerConfig) and isinstance(config, BridgeOptimizerConfig)
     assert config.engine_config is ours
-    nesterov = "muon_use_nesterov" if stack_release().mcore_integration == MCORE_ASSEMBLY else "muon_nesterov"
+    nesterov = "muon_use_nesterov" if ASSEMBLY else "muon_nesterov"
     assert getattr(config, nesterov) is True and config.lr == 0.02 and config.weight_decay == 0.1
     config.finalize()  # what ConfigContainer.validate() runs on it
     megatron = bridge_optimizer_config(MuonConfig(lr=0.02, engine="megatron", split_gate_up=False), spec)
@@ -77,12 +79,12 @@ def test_engine_config_carries_our_validated_config_and_megatrons_fields(bridge)
 
 
 def test_provide_refuses_a_config_without_ours(bridge):
-    from nemo_muon.megatron.bridge_provider import EngineOptimizerConfig
+    from nemo_muon.megatron.bridge_04_plus.provider import EngineOptimizerConfig
 
     with pytest.raises(ValueError, match=r"engine_config must be a registered matrix optimizer's config \(nemo_muon"
                                          r".registry: Muon, SOAP, NorMuon, ...\); got AdamWConfig"):
         EngineOptimizerConfig(engine_config=AdamWConfig(lr=1e-3)).provide(model_chunks=[])
     with pytest.raises(ValueError, match=r"has no field\(s\) \['muon_unknown_knob'\]"):
-        from nemo_muon.megatron.bridge_provider import engine_optimizer_config
+        from nemo_muon.megatron.bridge_04_plus.provider import engine_optimizer_config
 
         engine_optimizer_config(SoapConfig(lr=1e-3), {"muon_unknown_knob": True})

@@ -15,7 +15,7 @@ import pytest
 from nemo_muon.recipes import get_recipe, list_recipes
 from nemo_muon.recipes.execute import build_recipe
 
-from nemo_muon.megatron.bridge_perf_recipes import (
+from nemo_muon.megatron.bridge_06.perf_recipes import (
     DELIBERATE_DIFFERENCES_06,
     HF_MODEL_IDS,
     perf_recipe_container,
@@ -66,7 +66,7 @@ def _same(a: object, b: object) -> bool:
 
 
 def _differing_fields(name: str, hf_configs) -> set[str]:
-    from nemo_muon.megatron.bridge import config_container
+    from nemo_muon.megatron.bridge.container import config_container
 
     recipe = _recipe(name, hf_configs)
     ours, bridges = _flat(config_container(recipe)), _flat(perf_recipe_container(recipe))
@@ -86,8 +86,8 @@ def test_every_megatron_recipe_has_a_bridge_06_perf_recipe(bridge):
 def test_recipe_builds_and_validates(name, bridge, hf_configs, monkeypatch):
     from megatron.bridge.training.config import runtime_config_update
 
-    from nemo_muon.megatron.bridge import config_container
-    from nemo_muon.megatron.bridge_layout import routes
+    from nemo_muon.megatron.bridge.container import config_container
+    from nemo_muon.megatron.bridge.container import routes_cost_layout as routes
 
     recipe = _recipe(name, hf_configs)
     monkeypatch.setenv("WORLD_SIZE", str(recipe.system.world_size))
@@ -120,7 +120,7 @@ def test_recipe_builds_and_validates(name, bridge, hf_configs, monkeypatch):
 def test_validation_is_real_it_refuses_what_bridge_refuses(bridge, hf_configs, monkeypatch):
     from megatron.bridge.training.config import runtime_config_update
 
-    from nemo_muon.megatron.bridge import config_container
+    from nemo_muon.megatron.bridge.container import config_container
 
     recipe = _recipe("kimi_k2_muon", hf_configs)
     monkeypatch.setenv("WORLD_SIZE", "3")  # 3 GPUs cannot hold PP4 x EP64
@@ -142,14 +142,14 @@ def test_every_deliberate_difference_is_one(bridge, hf_configs):
 
 
 def test_a_recipe_without_hf_config_is_refused_naming_the_field_and_the_hub_id(bridge):
-    from nemo_muon.megatron.bridge import config_container
+    from nemo_muon.megatron.bridge.container import config_container
 
     with pytest.raises(ValueError, match=r"hf_config must name a local folder holding moonshotai/Kimi-K2-Instruct's"):
         config_container(get_recipe("kimi_k2_muon"))
 
 
 def test_a_folder_without_config_json_is_refused(bridge, tmp_path):
-    from nemo_muon.megatron.bridge import config_container
+    from nemo_muon.megatron.bridge.container import config_container
 
     with pytest.raises(ValueError, match=r"hf_config='.*' must be a folder holding the model's Hugging Face"):
         config_container(build_recipe("qwen3_30b_a3b_muon", [f"hf_config={tmp_path}"]))
@@ -158,7 +158,7 @@ def test_a_folder_without_config_json_is_refused(bridge, tmp_path):
 def test_the_local_config_is_used_only_while_the_recipe_builds(bridge, hf_configs):
     from megatron.bridge.models.conversion.auto_bridge import AutoBridge
 
-    from nemo_muon.megatron.bridge_perf_recipes import local_hf_config
+    from nemo_muon.megatron.bridge_06.perf_recipes import local_hf_config
 
     before = AutoBridge.__dict__["from_hf_pretrained"]
     with local_hf_config(HF_MODEL_IDS["qwen3_30b_a3b"], str(hf_configs["qwen3_30b_a3b"])):

@@ -10,7 +10,7 @@ import importlib.metadata
 import pytest
 from nemo_muon.recipes import get_recipe
 
-from nemo_muon.megatron.stack import check_recipe_stack
+from nemo_muon.megatron.shared.stack import check_recipe_stack
 from tests.newest_stack.conftest import stack_release
 
 
@@ -20,7 +20,7 @@ def test_this_is_a_stack_whose_recipes_are_refused():
 
 @pytest.mark.parametrize("name", ["kimi_k2_muon", "qwen3_30b_a3b_adamw"])
 def test_megatron_recipes_are_refused_before_launch(name, bridge):
-    from nemo_muon.megatron.bridge import config_container
+    from nemo_muon.megatron.bridge.container import config_container
 
     recipe = get_recipe(name).replace(hf_config="/configs/model")
     bridge = importlib.metadata.version("megatron-bridge")

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_muon.megatron.class_switch import same_identity, switch_class
-from nemo_muon.megatron.owner_reduce import owner_domains, owner_index
+from nemo_muon.megatron.core_016_017.owner_reduce import owner_domains, owner_index
+from nemo_muon.megatron.shared.class_switch import same_identity, switch_class
 
 
 class BucketGather:

@@ -6,7 +6,7 @@ shard per data-parallel rank, a matrix lives whole in one shard, and the shard's
 (``_shard_params_from_layout``). DDP then reduce-scatters the gradient buckets to their owners and all-gathers the
 updated parameters (about 2/3 of the bytes of the legacy path's all-reduce + uneven all-gather). Megatron's own layout
 packs each bucket by numel; `plan_cost_layout` packs it by the update cost of our matrix optimizer instead (the
-registry entry's ``matrix.update_cost`` with fused parts, the cost `nemo_muon.megatron.cost_balanced` plans with on
+registry entry's ``matrix.update_cost`` with fused parts, the cost `nemo_muon.megatron.core_016_017.cost_balanced` plans with on
 0.16), so the Newton–Schulz work, not the memory, is what each rank holds evenly:
 
 - LPT on cost, largest first, each bucket's matrices placed on the least loaded rank; loads carry over from bucket
@@ -21,9 +21,9 @@ registry entry's ``matrix.update_cost`` with fused parts, the cost `nemo_muon.me
 
 Split ownership (Muon's ``ns_split_target``): `tag_with_costs` plans the whole stage (every model chunk of this
 pipeline rank) as ``nemo-muon plan`` does and tags each matrix with its planned owner
-(`nemo_muon.megatron.split_plan`); every chunk's layout then puts each matrix in its planned owner's shard (a split
+(`nemo_muon.megatron.core_018_plus.split_plan`); every chunk's layout then puts each matrix in its planned owner's shard (a split
 one whole in its block's first rank's shard: that rank alone holds its gradient, master and momentum), so the layout
-is the plan, and the byte tie rule does not apply. `nemo_muon.megatron.split_shares` gives the block's members their
+is the plan, and the byte tie rule does not apply. `nemo_muon.megatron.core_018_plus.split_shares` gives the block's members their
 shares of the NS.
 
 `wrap_with_cost_layout` is the megatron.training-style wiring (tag the parameters, compute the layout, build DDP).
@@ -83,12 +83,12 @@ def is_layer_wise_matrix(param: Any) -> bool:
 def plan_items(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -> dict[Any, Any]:
     """param -> its `PlanItem` under ``ours`` (the recipe's matrix optimizer config), for every trainable layer-wise
     matrix of ``model_chunks`` (un-wrapped or Float16-wrapped; ``.config`` is the model's config): named as the model
-    names it, costed as `nemo_muon.megatron.cost_balanced` plans (the registry entry's ``update_cost`` of the parts
+    names it, costed as `nemo_muon.megatron.core_016_017.cost_balanced` plans (the registry entry's ``update_cost`` of the parts
     our optimizer runs, asked of an instance of our engine class built on the matrices with the recipe's config;
     nothing is stepped), with split options where ``ours`` has ``ns_split_target`` and the entry splits (never a
     routed expert)."""
-    from nemo_muon.megatron.cost_balanced import _matrix_item, _routed_expert
-    from nemo_muon.megatron.registration import engine_class_of, engine_kwargs, parameter_names
+    from nemo_muon.megatron.shared.engine import engine_class_of, engine_kwargs, parameter_names
+    from nemo_muon.megatron.shared.ownership import is_routed_expert, matrix_item
     from nemo_muon.registry import spec_for
 
     matrices = [p for chunk in model_chunks for p in chunk.parameters() if p.requires_grad and is_layer_wise_matrix(p)]
@@ -102,7 +102,7 @@ def plan_items(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -> di
     out = {}
     for k, p in enumerate(matrices):
         name = names.get(id(p), f"matrix {k}")
-        out[p] = _matrix_item(probe, p, name, splits and not _routed_expert(name))
+        out[p] = matrix_item(probe, p, name, splits and not is_routed_expert(name))
     return out
 
 
@@ -116,10 +116,10 @@ def tag_with_costs(model_chunks: Sequence[Any], ours: Any, pg_collection: Any) -
     """Tag every trainable parameter for DDP's buffer routing (layer-wise matrix or not, Megatron's rule) and each
     layer-wise matrix with its update cost (`COST_ATTRIBUTE`); where ``ours`` has ``ns_split_target``, plan the stage
     (``model_chunks``: every chunk of this pipeline rank) and tag each matrix with its planned owner
-    (`nemo_muon.megatron.split_plan.tag_stage_plan`). Returns how many matrices were costed."""
+    (`nemo_muon.megatron.core_018_plus.split_plan.tag_stage_plan`). Returns how many matrices were costed."""
     from megatron.core.optimizer.layer_wise_optimizer import tag_params_for_buffer_routing
 
-    from nemo_muon.megatron.split_plan import clear_stage_plan, tag_stage_plan
+    from nemo_muon.megatron.core_018_plus.split_plan import clear_stage_plan, tag_stage_plan
 
     tag_params_for_buffer_routing(list(model_chunks))
     target = getattr(ours, "ns_split_target", None)
@@ -273,10 +273,10 @@ def _dense_start(expert_loads: list[float], pg_collection: Any) -> list[float]:
     """Each dp_cp rank's expert work (zeros without experts), from the expert plan over expt_dp."""
     from megatron.core.utils import get_pg_rank, get_pg_size
 
-    from nemo_muon.megatron.cost_balanced import _expert_work
+    from nemo_muon.megatron.shared.ownership import expert_work
 
     size, rank = get_pg_size(pg_collection.dp_cp), get_pg_rank(pg_collection.dp_cp)
-    carried = _expert_work(expert_loads, pg_collection, size, rank)
+    carried = expert_work(expert_loads, pg_collection, size, rank)
     return [0.0] * size if carried is None else list(carried)
 
 
@@ -289,7 +289,7 @@ def plan_cost_layout(params: Iterable[Any], bucket_size: int | None, ddp_config:
     from megatron.core.optimizer.param_layout import FullParamLayout
     from megatron.core.utils import get_pg_size
 
-    from nemo_muon.megatron.split_plan import planned_owner
+    from nemo_muon.megatron.core_018_plus.split_plan import planned_owner
 
     check_layout_api()
     dp, edp = get_pg_size(pg_collection.dp_cp), get_pg_size(pg_collection.expt_dp)
@@ -323,9 +323,9 @@ def plan_cost_layout(params: Iterable[Any], bucket_size: int | None, ddp_config:
 
 
 def _planned(groups: Mapping[Any, Any]) -> tuple[dict[Any, int] | None, Any]:
-    """The planned owner of every layer-wise matrix and the stage plan (`nemo_muon.megatron.split_plan`), or
+    """The planned owner of every layer-wise matrix and the stage plan (`nemo_muon.megatron.core_018_plus.split_plan`), or
     (None, None) when none was planned (no split target: each bucket by `lpt_by_cost`)."""
-    from nemo_muon.megatron.split_plan import planned_owner
+    from nemo_muon.megatron.core_018_plus.split_plan import planned_owner
 
     matrices = [p for key, (ps, _) in groups.items() if key.is_managed_by_layer_wise_optimizer for p in ps]
     tags = [planned_owner(p) for p in matrices]
@@ -362,9 +362,9 @@ def wrap_with_cost_layout(model_chunks: Sequence[Any], config: Any, ddp_config: 
 def owned_costs(layer_wise_optimizer: Any, costs: Mapping[Any, float] | None = None) -> list[float]:
     """The update cost each dp_cp rank runs as Megatron's layer-wise optimizer derived ownership from the layout
     (``dp_cp_params_list``, plus ``expt_dp_params_list`` where expert-DP is dp_cp: EP = 1), a split matrix
-    (`nemo_muon.megatron.split_plan.split_of`) counted as its member cost on each rank of its block; ``costs``:
+    (`nemo_muon.megatron.core_018_plus.split_plan.split_of`) counted as its member cost on each rank of its block; ``costs``:
     param -> cost (default: the params' `COST_ATTRIBUTE`; anything else costs 0)."""
-    from nemo_muon.megatron.split_plan import split_of
+    from nemo_muon.megatron.core_018_plus.split_plan import split_of
 
     def cost(p: Any) -> float:
         return float(costs.get(p, 0.0) if costs is not None else getattr(p, COST_ATTRIBUTE, 0.0))

@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from nemo_muon.config.optimizer import NONFINITE_POLICIES
-from nemo_muon.megatron.class_switch import same_identity, switch_class
+from nemo_muon.megatron.shared.class_switch import same_identity, switch_class
 
 
 def _policy_class(base: type) -> type:

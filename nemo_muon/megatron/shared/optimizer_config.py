@@ -1,11 +1,12 @@
 """Our `MuonConfig` / `SoapConfig` / `AdamWConfig` -> `megatron.core.optimizer.OptimizerConfig`.
 
-Two Megatron-Core API generations are supported, told apart by the fields of the installed `OptimizerConfig`:
+Two Megatron-Core API generations are supported (`nemo_muon.megatron.generations`), told apart by the fields of the
+installed `OptimizerConfig`:
 
-* ``"0.16"`` (NGC 26.02 / 26.02.01): Muon through `megatron.core.optimizer.muon.get_megatron_muon_optimizer(...,
+* ``core_016_017`` (Megatron-Core 0.16 / 0.17, NGC 26.02 / 26.04): Muon through `megatron.core.optimizer.muon.get_megatron_muon_optimizer(...,
   layer_wise_distributed_optimizer=...)`, which Megatron-Bridge selects by the name ``"dist_muon"`` (layer-wise) or
   ``"muon"``; field ``muon_use_nesterov`` (default False!); no coefficient-set field; no SOAP.
-* ``"0.18+"``: ``optimizer="muon"|"soap"`` + ``use_layer_wise_distributed_optimizer`` through
+* ``core_018_plus``: ``optimizer="muon"|"soap"`` + ``use_layer_wise_distributed_optimizer`` through
   `get_megatron_optimizer`; fields ``muon_nesterov``, ``muon_coefficient_type``, ``soap_*``.
 
 The known traps are fixed here, never silently: momentum (0.95) and Nesterov are always written explicitly (the
@@ -27,10 +28,9 @@ from typing import Any
 
 from nemo_muon._validation import check_choice
 from nemo_muon.config.optimizer import MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.megatron.generations import CORE_016_017, CORE_018_PLUS, core_generation
 from nemo_muon.registry import resolve, spec_for, spec_named
 
-API_016 = "0.16"
-API_018 = "0.18+"
 NS_PRECISION_TO_MCORE: dict[str, str] = {"fp32": "highest", "bf16": "medium"}
 """`muon_fp32_matmul_prec` (torch.set_float32_matmul_precision inside NS): highest = fp32, medium = bf16."""
 MCORE_TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise")
@@ -41,7 +41,7 @@ SOAP_FIXED_EPS = 1e-8
 """Megatron-Core passes no eps to emerging_optimizers.soap.SOAP, so its default (1e-8) is the only honoured value."""
 ENGINE_NEMO_MUON = "nemo_muon"
 BUILDER_NEMO_MUON = "nemo_muon"
-"""`MegatronOptimizerSpec.builder` of engine 'nemo_muon': `nemo_muon.megatron.registration` (our Muon inside
+"""`MegatronOptimizerSpec.builder` of engine 'nemo_muon': `nemo_muon.megatron.shared.engine` (our Muon inside
 Megatron's layer-wise optimizer); the others name Megatron-Core's own builder functions."""
 LEGACY_COEFFICIENTS = "quintic"
 """0.16's TensorParallelMuon always uses the quintic coefficient schedule (no config field)."""
@@ -55,12 +55,12 @@ class MegatronOptimizerSpec:
     """How to build the optimizer with the installed Megatron-Core."""
 
     api: str
-    """'0.16' or '0.18+'."""
+    """The Megatron-Core generation whose `OptimizerConfig` fields were written (`nemo_muon.megatron.generations`)."""
     kwargs: dict[str, Any]
     """Keyword arguments of megatron.core.optimizer.OptimizerConfig."""
     builder: str
     """'get_megatron_optimizer', 'get_megatron_muon_optimizer' (0.16 Muon) or 'nemo_muon' (our Muon inside Megatron's
-    layer-wise optimizer, `nemo_muon.megatron.registration`)."""
+    layer-wise optimizer, `nemo_muon.megatron.shared.engine`)."""
     layer_wise: bool
     """Whole matrices per DP rank (LayerWiseDistributedOptimizer)."""
     bridge_optimizer: str
@@ -70,28 +70,24 @@ class MegatronOptimizerSpec:
 def api_for_fields(fields: Collection[str]) -> str:
     """The API generation of an OptimizerConfig with these field names."""
     if "use_layer_wise_distributed_optimizer" in fields:
-        return API_018
+        return CORE_018_PLUS
     if "muon_momentum" in fields:
-        return API_016
+        return CORE_016_017
     raise ValueError("megatron-core must be >= 0.16 (OptimizerConfig has no muon_* fields); got an older version")
 
 
 API_FIELDS: dict[str, frozenset[str]] = {
-    API_016: frozenset({"muon_momentum"}),
-    API_018: frozenset({"muon_momentum", "use_layer_wise_distributed_optimizer"}),
+    CORE_016_017: frozenset({"muon_momentum"}),
+    CORE_018_PLUS: frozenset({"muon_momentum", "use_layer_wise_distributed_optimizer"}),
 }
 """The field names that tell the API generations apart: enough for `megatron_optimizer_spec` to refuse what a
 generation cannot honour before launch, where Megatron-Core is not installed (the kwargs it returns are partial)."""
 
 
 def api_for_version(version: str) -> str:
-    """The API generation of a Megatron-Core version string ('0.16.0' -> '0.16', '0.19.2' -> '0.18+')."""
-    from nemo_muon.versions import release_numbers
-
-    numbers = release_numbers(version)
-    if numbers[:2] < (0, 16):
-        raise ValueError(f"megatron-core must be >= 0.16 (the first with Muon); got {version!r}")
-    return API_018 if numbers[:2] >= (0, 18) else API_016
+    """The API generation of a Megatron-Core version string ('0.17.1' -> 'core_016_017', '0.19.2' ->
+    'core_018_plus')."""
+    return core_generation(version).name
 
 
 def _refuse(field: str, value: Any, why: str) -> ValueError:
@@ -99,7 +95,7 @@ def _refuse(field: str, value: Any, why: str) -> ValueError:
 
 
 def _common(opt: OptimizerConfig, *, grad_clip: float, min_lr: float | None, bf16: bool) -> dict[str, Any]:
-    # AdamWConfig has no policy field; engine 'nemo_muon' skips globally (`nemo_muon.megatron.nonfinite`)
+    # AdamWConfig has no policy field; engine 'nemo_muon' skips globally (`nemo_muon.megatron.shared.nonfinite`)
     if getattr(opt, "nonfinite", "raise") != "raise" and getattr(opt, "engine", None) != BUILDER_NEMO_MUON:
         raise _refuse(f"{opt.name}.nonfinite", opt.nonfinite,
                       "it has no skip-step for bf16 without a loss scaler; set nonfinite='raise' (Megatron's "
@@ -139,7 +135,7 @@ def muon_fields(opt: MuonConfig, api: str, fields: Collection[str], *, engine: s
         "muon_tp_mode": opt.tp_mode,
         "muon_split_qkv": opt.split_qkv,
     }
-    if api == API_018:
+    if api == CORE_018_PLUS:
         kw["muon_nesterov"] = opt.nesterov
         kw["muon_coefficient_type"] = opt.coefficients
         kw["muon_scalar_optimizer"] = "adam"
@@ -156,11 +152,11 @@ def soap_fields(opt: SoapConfig, api: str, fields: Collection[str], *, engine: s
     """SOAP's Megatron-Core fields (>= 0.18; 0.16 has none) and its name. Engine 'nemo_muon' honours every field
     (written for the log, read back never); engine 'megatron' (emerging-optimizers' SOAP) refuses what it ignores."""
     if engine == ENGINE_NEMO_MUON:
-        if api != API_018:
+        if api != CORE_018_PLUS:
             return {}, "soap"
         return {"soap_shampoo_beta": opt.shampoo_beta, "soap_precondition_frequency": opt.precondition_frequency}, \
             "soap"
-    if api != API_018:
+    if api != CORE_018_PLUS:
         raise _refuse("optimizer", "soap", "megatron-core 0.16 has Muon only; SOAP needs megatron-core >= 0.18")
     if opt.precondition_frequency != 1 and not soap_has_precondition_frequency:
         raise _refuse("soap.precondition_frequency", opt.precondition_frequency,
@@ -187,7 +183,7 @@ def megatron_optimizer_spec(
     optimizer, as Bridge's recipes use it (``layerwise`` is a matrix-optimizer setting); a matrix optimizer's fields
     are written by its entry's ``megatron.fields`` mapping, so the config Megatron validates and logs describes what
     runs. With engine 'nemo_muon' ours runs inside Megatron's layer-wise optimizer, built from our config itself
-    (`nemo_muon.megatron.build.build_engine`): Megatron's copy is never read back.
+    (`nemo_muon.megatron.shared.build.build_engine`): Megatron's copy is never read back.
     """
     spec = spec_for(opt)
     api = api_for_fields(fields)
@@ -211,12 +207,12 @@ def megatron_optimizer_spec(
         if not layerwise:
             raise _refuse(f"{opt.name}.engine", engine, f"nemo-muon's {spec.label} runs inside Megatron's layer-wise "
                           "distributed optimizer; keep layerwise on, or set optimizer.engine=megatron")
-        if api == API_016:  # Bridge 0.3 sends dist_muon and any *soap* name to the (hooked) Muon builder
+        if api == CORE_016_017:  # Bridge 0.3 sends dist_muon and any *soap* name to the (hooked) Muon builder
             kw.update(optimizer=f"dist_{name}", use_distributed_optimizer=False)
             return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON, True, f"dist_{name}")
         kw.update(optimizer=name, use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=True)
         return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON, True, _bridge_layer_wise_name(name))
-    if api == API_016:
+    if api == CORE_016_017:
         kw.update(optimizer=f"dist_{name}" if layerwise else name, use_distributed_optimizer=False)
         return MegatronOptimizerSpec(api, kw, "get_megatron_muon_optimizer", layerwise, kw["optimizer"])
     kw.update(optimizer=name, use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=layerwise)
@@ -234,11 +230,11 @@ def ddp_flags(opt: OptimizerConfig, *, cost_layout: bool = False) -> dict[str, b
 
     AdamW shards its state (ZeRO-1, Megatron's distributed optimizer); Muon/SOAP own whole matrices (the layer-wise
     optimizer: on the legacy path without ``use_distributed_optimizer``; with ``cost_layout``, where DDP is built on
-    the parameter layout owned by update cost (`nemo_muon.megatron.cost_layout`, `nemo_muon.megatron.bridge_layout`),
+    the parameter layout owned by update cost (`nemo_muon.megatron.core_018_plus.cost_layout`, `nemo_muon.megatron.bridge_05_06.layout`),
     with it: gradients reduce-scattered to their owners, parameters all-gathered). DDP's NaN check (each rank's local
     gradients, before the reduction; fatal, on that rank alone) is on for ``nonfinite='raise'``, the only policy
     Megatron's own optimizers accept (`megatron_optimizer_spec`), and off for engine 'nemo_muon' with
-    ``nonfinite='skip'``: there the global gradient norm decides on every rank (`nemo_muon.megatron.nonfinite`),
+    ``nonfinite='skip'``: there the global gradient norm decides on every rank (`nemo_muon.megatron.shared.nonfinite`),
     which the local check would pre-empt by raising on the one rank that saw the NaN.
     """
     skip = getattr(opt, "nonfinite", "raise") == "skip" and getattr(opt, "engine", None) == BUILDER_NEMO_MUON

@@ -1,7 +1,7 @@
 """What the megatron backend refuses, checked when a recipe is built (``--dryrun``, plan, launch, the job): torch-free.
 
 Every rule here is one the backend would hit later, inside the container: Bridge has a library recipe for the model
-and a preset for the precision (`bridge._check_supported`); its provider, not our `ModelSpec`, sets the
+and a preset for the precision (`bridge.container.check_supported`); its provider, not our `ModelSpec`, sets the
 architecture, so a changed ``model.*`` would be ignored silently; MXFP8 needs a Blackwell GPU; Bridge reads mock or
 indexed data; the optimizer maps onto the target Megatron-Core's `OptimizerConfig` (`megatron_optimizer_spec` with
 that generation's field names: whatever the mapping refuses, split gate/up or ``tp_mode='auto'``, is refused here); the
@@ -24,7 +24,7 @@ BRIDGE_DATA_KINDS: tuple[str, ...] = ("mock", "indexed")
 def _check_architecture(recipe: TrainingRecipe) -> None:
     shipped = MODEL_SPECS.get(recipe.model.name)
     if shipped is None:
-        return  # bridge._check_supported names the models it has a recipe for
+        return  # bridge.container.check_supported names the models it has a recipe for
     changed = [f.name for f in dataclasses.fields(shipped) if getattr(shipped, f.name) != getattr(recipe.model, f.name)]
     if changed:
         shown = ", ".join(f"{n}={getattr(recipe.model, n)!r}" for n in changed)
@@ -35,15 +35,13 @@ def _check_architecture(recipe: TrainingRecipe) -> None:
 
 def _check_split(recipe: TrainingRecipe, versions: dict[str, str | None], where: str) -> None:
     """``optimizer.ns_split_target`` runs in our ownership inside Megatron's layer-wise optimizer: engine nemo_muon,
-    TP = 1; on Megatron-Core 0.16 / 0.17 in that optimizer (`nemo_muon.megatron.cost_balanced`), on >= 0.18 in DDP's
-    cost layout (`nemo_muon.megatron.cost_layout`), which Bridge builds through `nemo_muon.megatron.bridge_layout`."""
+    TP = 1; on Megatron-Core 0.16 / 0.17 in that optimizer (`nemo_muon.megatron.core_016_017.cost_balanced`), on >= 0.18 in DDP's
+    cost layout (`nemo_muon.megatron.core_018_plus.cost_layout`), which Bridge builds through `nemo_muon.megatron.bridge_05_06.layout`."""
     target = getattr(recipe.optimizer, "ns_split_target", None)
     if target is None:
         return
-    from nemo_muon.megatron.bridge_layout import SUPPORTED_BRIDGE
-    from nemo_muon.megatron.optimizer_config import API_018, api_for_version
-    from nemo_muon.megatron.stack import MBRIDGE, MCORE
-    from nemo_muon.versions import release_numbers
+    from nemo_muon.megatron.generations import bridge_generation, core_generation
+    from nemo_muon.megatron.shared.stack import MBRIDGE, MCORE
 
     why = None
     mcore, bridge = versions.get(MCORE), versions.get(MBRIDGE)
@@ -51,8 +49,8 @@ def _check_split(recipe: TrainingRecipe, versions: dict[str, str | None], where:
         why = "optimizer.engine='nemo_muon' (Megatron's own Muon owns whole tensors)"
     elif recipe.parallelism.tp != 1:
         why = f"parallelism.tp=1 (a split inside a tensor-parallel shard is not supported; got tp={recipe.parallelism.tp})"
-    elif (mcore is not None and api_for_version(mcore) == API_018 and bridge is not None
-          and release_numbers(bridge)[:2] not in SUPPORTED_BRIDGE):
+    elif (mcore is not None and core_generation(mcore).parameter_layout and bridge is not None
+          and bridge_generation(bridge).cost_layout is None):
         why = (f"a Megatron-Bridge whose DDP wrap nemo-muon lays out (0.5.x / 0.6.x on Megatron-Core >= 0.18; "
                f"{where} has Bridge {bridge} with Megatron-Core {mcore})")
     if why is not None:
@@ -62,16 +60,15 @@ def _check_split(recipe: TrainingRecipe, versions: dict[str, str | None], where:
 
 def check_megatron_recipe(recipe: TrainingRecipe) -> None:
     """Raise a ValueError naming the field, the value and what is allowed for anything the megatron backend refuses."""
-    from nemo_muon.megatron.bridge import bridge_field_overrides, bridge_optimizer_spec, bridge_recipe_kwargs
-    from nemo_muon.megatron.bridge_presets import BRIDGE_PERF_LAYOUTS
-    from nemo_muon.megatron.optimizer_config import API_FIELDS, api_for_version
-    from nemo_muon.megatron.stack import MCORE, check_recipe_stack, target_stack
+    from nemo_muon.megatron.bridge.container import bridge_field_overrides, bridge_optimizer_spec, check_supported
+    from nemo_muon.megatron.shared.optimizer_config import API_FIELDS, api_for_version
+    from nemo_muon.megatron.shared.stack import MCORE, check_recipe_stack, target_stack
 
     sys_ = recipe.system
     if sys_.gpu == "cpu":
         raise ValueError("system.gpu must be a GPU for the megatron backend (Megatron-Bridge trains on GPUs); got "
                          "'cpu': set backend=torch for CPU runs")
-    bridge_recipe_kwargs(recipe)  # model with a Bridge library recipe, precision with a Bridge preset
+    check_supported(recipe)  # a model family with a Bridge base, a precision with a Bridge preset
     _check_architecture(recipe)
     if recipe.precision.kind == "mxfp8" and sys_.gpu not in MXFP8_GPUS:
         raise ValueError(f"precision.kind='mxfp8' needs system.gpu to be one of {MXFP8_GPUS} (Blackwell); got "
@@ -91,4 +88,4 @@ def check_megatron_recipe(recipe: TrainingRecipe) -> None:
     except ValueError as e:
         raise ValueError(f"{e} (Megatron-Core {versions[MCORE]}, {where})") from None
     _check_split(recipe, versions, where)
-    bridge_field_overrides(recipe, bridge_knobs=BRIDGE_PERF_LAYOUTS.get((recipe.model.name, sys_.gpu)))
+    bridge_field_overrides(recipe)

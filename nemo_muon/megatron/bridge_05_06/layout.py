@@ -7,7 +7,7 @@ Float16Module, then calls Megatron-Core's ``megatron.training.models.dist_utils.
 hook for that layout. `install` therefore does two things, both pinned:
 
 1. a pre-wrap hook on the model config tags the parameters (layer-wise matrix or not) and each matrix with its update
-   cost (`nemo_muon.megatron.cost_layout.tag_with_costs`);
+   cost (`nemo_muon.megatron.core_018_plus.cost_layout.tag_with_costs`);
 2. the name ``DistributedOptimizer`` in ``dist_utils`` (that module only) becomes a `CostLayoutPlanner`, whose
    ``compute_full_param_layout`` returns `cost_layout.plan_cost_layout(...).layout` over Megatron's initialized
    process groups (checked against the sizes ``_ddp_wrap`` passes) for a tagged model, and Megatron's own layout for
@@ -25,7 +25,11 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-SUPPORTED_BRIDGE: tuple[tuple[int, int], ...] = ((0, 5), (0, 6))
+from nemo_muon.megatron.generations import BRIDGE_GENERATIONS
+
+SUPPORTED_BRIDGE: tuple[tuple[int, int], ...] = tuple(g.minor for g in BRIDGE_GENERATIONS
+                                                     if g.cost_layout == f"{__name__}:install")
+"""The Bridge minors whose row (`nemo_muon.megatron.generations`) builds DDP on the cost layout through here."""
 HOOKED_NAME = "DistributedOptimizer"
 HOOKED_CALL = f"{HOOKED_NAME}.compute_full_param_layout("
 
@@ -44,8 +48,8 @@ class CostLayoutPlanner:
     def compute_full_param_layout(self, params: Sequence[Any], bucket_size: int | None,
                                   data_parallel_world_size: int, ddp_config: Any,
                                   expert_data_parallel_world_size: int = 1) -> Any:
-        from nemo_muon.megatron.build import mpu_process_groups
-        from nemo_muon.megatron.cost_layout import COST_ATTRIBUTE, plan_cost_layout
+        from nemo_muon.megatron.core_018_plus.cost_layout import COST_ATTRIBUTE, plan_cost_layout
+        from nemo_muon.megatron.shared.build import mpu_process_groups
 
         params = list(params)
         if not any(hasattr(p, COST_ATTRIBUTE) for p in params):  # not ours (AdamW, or no layer-wise matrix)
@@ -66,7 +70,7 @@ class CostLayoutPlanner:
 def check_hook_point(dist_utils: Any, bridge_version: str) -> None:
     """Raise unless Bridge is 0.5.x / 0.6.x, Megatron-Core has the layer-wise layout API, and ``dist_utils`` uses
     `HOOKED_NAME` only in ``_ddp_wrap``'s one layout call."""
-    from nemo_muon.megatron.cost_layout import check_layout_api
+    from nemo_muon.megatron.core_018_plus.cost_layout import check_layout_api
     from nemo_muon.versions import release_numbers
 
     if release_numbers(bridge_version)[:2] not in SUPPORTED_BRIDGE:
@@ -82,19 +86,6 @@ def check_hook_point(dist_utils: Any, bridge_version: str) -> None:
                            f"{HOOKED_CALL}...) (Bridge {bridge_version}): the cost-layout hook point moved")
 
 
-def routes(opt: Any, bridge_version: str | None = None) -> bool:
-    """Whether ``opt`` trains on the cost layout inside the installed Bridge: engine 'nemo_muon', a matrix optimizer,
-    Bridge 0.5 / 0.6 (else Megatron's legacy layer-wise path: all-reduce, uneven all-gather)."""
-    from nemo_muon.megatron.optimizer_config import ENGINE_NEMO_MUON
-    from nemo_muon.registry import spec_for
-    from nemo_muon.versions import release_numbers
-
-    if getattr(opt, "engine", None) != ENGINE_NEMO_MUON or spec_for(opt).matrix is None:
-        return False
-    version = bridge_version or importlib.metadata.version("megatron-bridge")
-    return release_numbers(version)[:2] in SUPPORTED_BRIDGE
-
-
 def _planner(dist_utils: Any) -> CostLayoutPlanner | None:
     current = getattr(dist_utils, HOOKED_NAME, None)
     return current if isinstance(current, CostLayoutPlanner) else None
@@ -105,8 +96,8 @@ def install(model_config: Any, ours: Any) -> CostLayoutPlanner:
     ``pre_wrap_hooks``) and route ``dist_utils``'s layout call to a `CostLayoutPlanner` (once per process)."""
     from megatron.training.models import dist_utils
 
-    from nemo_muon.megatron.build import mpu_process_groups
-    from nemo_muon.megatron.cost_layout import tag_with_costs
+    from nemo_muon.megatron.core_018_plus.cost_layout import tag_with_costs
+    from nemo_muon.megatron.shared.build import mpu_process_groups
 
     planner = _planner(dist_utils)
     if planner is None:

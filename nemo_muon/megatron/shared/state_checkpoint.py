@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from nemo_muon.megatron.checkpoint_files import inside_checkpoint_folder
-from nemo_muon.megatron.class_switch import same_identity, switch_class
+from nemo_muon.megatron.shared.checkpoint_files import inside_checkpoint_folder
+from nemo_muon.megatron.shared.class_switch import same_identity, switch_class
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ optimizer_config.provide(model_chunks=, config_overrides=, use_gloo_process_grou
 #2132, in every release from 0.4.0). `EngineOptimizerConfig` is Bridge's `OptimizerConfig` (every Megatron field,
 as our mapping writes them) plus the recipe's own optimizer config, and its ``provide`` builds nemo-muon's Muon / SOAP
 inside Megatron-Core's layer-wise distributed optimizer on whichever Megatron-Core generation is installed
-(`nemo_muon.megatron.build.build_engine`). Nothing of Bridge is patched. This module imports Bridge: load it only where
-Bridge is installed (`nemo_muon.megatron.bridge.engine_optimizer_config` does).
+(`nemo_muon.megatron.shared.build.build_engine`). Nothing of Bridge is patched. This module imports Bridge: load it only where
+Bridge is installed (`nemo_muon.megatron.bridge.container.engine_optimizer_config` does).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class EngineOptimizerConfig(BridgeOptimizerConfig):
     def provide(self, model_chunks: Any, config_overrides: Any = None, use_gloo_process_groups: bool = False,
                 pg_collection: Any = None) -> Any:
         """The optimizer Bridge's setup_optimizer asks for: ours inside Megatron's layer-wise optimizer."""
-        from nemo_muon.megatron.build import build_engine, mpu_process_groups
+        from nemo_muon.megatron.shared.build import build_engine, mpu_process_groups
 
         if not is_registered(self.engine_config) or spec_for(self.engine_config).matrix is None:
             raise ValueError(f"EngineOptimizerConfig.engine_config must be a registered matrix optimizer's config "
@@ -46,14 +46,14 @@ class EngineOptimizerConfig(BridgeOptimizerConfig):
 
 def _check_ddp_layout(chunks: list[Any]) -> None:
     """Refuse DDP built with ``use_distributed_optimizer`` on untagged parameters (Megatron's numel layout for all of
-    them, which the layer-wise optimizer cannot own): Bridge's own wrap without `nemo_muon.megatron.bridge_layout`."""
+    them, which the layer-wise optimizer cannot own): Bridge's own wrap without `nemo_muon.megatron.bridge_05_06.layout`."""
     ddp_config = getattr(chunks[0], "ddp_config", None) if chunks else None
     if ddp_config is None or not ddp_config.use_distributed_optimizer:
         return
     if not any(hasattr(p, "is_managed_by_layer_wise_optimizer") for c in chunks for p in c.parameters()):
         raise ValueError("Bridge built DDP with ddp.use_distributed_optimizer=True on parameters no layer-wise layout "
-                         "tagged: train through nemo_muon.megatron.bridge.pretrain (it installs the cost layout, "
-                         "nemo_muon.megatron.bridge_layout), or set ddp.use_distributed_optimizer=False")
+                         "tagged: train through nemo_muon.megatron.bridge.container.pretrain (it installs the cost layout, "
+                         "nemo_muon.megatron.bridge_05_06.layout), or set ddp.use_distributed_optimizer=False")
 
 
 def engine_optimizer_config(ours: OptimizerConfig, megatron_kwargs: dict[str, Any]) -> EngineOptimizerConfig:

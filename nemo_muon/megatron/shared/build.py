@@ -8,19 +8,17 @@ builder is the one that API generation provides.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from nemo_muon.config.optimizer import OptimizerConfig
-from nemo_muon.megatron.optimizer_config import (
-    API_016,
+from nemo_muon.megatron.generations import entry, installed_core_generation
+from nemo_muon.megatron.shared.optimizer_config import (
     BUILDER_NEMO_MUON,
     MegatronOptimizerSpec,
-    api_for_fields,
     ddp_flags,
     to_megatron_optimizer_config,
 )
-from nemo_muon.megatron.stack import check_installed_stack, optimizer_engine
+from nemo_muon.megatron.shared.stack import check_installed_stack, optimizer_engine
 
 
 def ddp_config_kwargs(opt: OptimizerConfig) -> dict[str, Any]:
@@ -49,32 +47,17 @@ def mpu_process_groups() -> Any:
 
 def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
                  config_overrides: Any = None, collectives: str | None = None) -> Any:
-    """Engine 'nemo_muon' (our Muon / SOAP inside Megatron's layer-wise optimizer) on the installed Megatron-Core:
-    the layer-wise assembly on 0.16 / 0.17, the emerging-optimizer registry on >= 0.18 (chosen by ``config``'s
-    fields; there ``ns_split_target`` needs DDP on the cost layout planned with it, whose split matrices get their
-    block shares here). ``config``: a Megatron `OptimizerConfig` our mapping wrote from ``opt``; ``config_overrides``: Megatron's
-    per-parameter overrides (Bridge's weight-decay rules). ``collectives`` (0.16 / 0.17 only, default
-    'reduce_scatter'): `registration.COLLECTIVES_016`; on >= 0.18 DDP's parameter layout decides."""
-    from nemo_muon.megatron import registration
-
+    """Engine 'nemo_muon' (our Muon / SOAP / ... inside Megatron's layer-wise optimizer) on the installed
+    Megatron-Core, by its generation's ``build_engine`` (`nemo_muon.megatron.generations`). ``config``: a Megatron
+    `OptimizerConfig` our mapping wrote from ``opt``; ``config_overrides``: Megatron's per-parameter overrides
+    (Bridge's weight-decay rules). ``collectives``: how gradients and parameters travel, where the generation lets
+    the engine choose (0.16 / 0.17; None: its default)."""
     check_installed_stack(opt.name, optimizer_engine(opt))
     if pg_collection is None:
         raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
                          "optimizer; got None")
-    if api_for_fields({f.name for f in dataclasses.fields(config)}) == API_016:
-        return registration.build_layer_wise_016(config, model_chunks, pg_collection, config_overrides, ours=opt,
-                                                 collectives=collectives or "reduce_scatter")
-    if collectives is not None:
-        raise ValueError(f"collectives is decided by DDP's parameter layout on Megatron-Core >= 0.18 (the cost layout "
-                         f"reduce-scatters): leave it None there; got collectives={collectives!r}")
-    optimizer = registration.build_layer_wise_018(config, model_chunks, pg_collection, ours=opt,
-                                                  config_overrides=config_overrides)
-    target = getattr(opt, "ns_split_target", None)
-    if target is not None:  # the matrices DDP's cost layout split over blocks of dp_cp ranks
-        from nemo_muon.megatron.split_shares import attach_split_shares
-
-        attach_split_shares(optimizer, model_chunks, pg_collection, target)
-    return optimizer
+    return entry(installed_core_generation().build_engine)(opt, config, model_chunks, pg_collection,
+                                          config_overrides=config_overrides, collectives=collectives)
 
 
 def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: MegatronOptimizerSpec,
@@ -92,7 +75,7 @@ def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: Megatron
         return build_engine(opt, config, model_chunks, pg_collection, collectives=collectives)
     if collectives is not None:
         raise ValueError(f"collectives applies to engine 'nemo_muon'; {opt.name} is built by {spec.builder}")
-    if spec.api == API_016 and spec.builder == "get_megatron_muon_optimizer":
+    if spec.builder == "get_megatron_muon_optimizer":  # Megatron-Core 0.16 / 0.17's own Muon
         from megatron.core.optimizer.muon import get_megatron_muon_optimizer
 
         return get_megatron_muon_optimizer(config, model_chunks, layer_wise_distributed_optimizer=spec.layer_wise)

@@ -2,8 +2,8 @@
 
 From 0.6 Bridge ships its performance configs in the wheel (``megatron.bridge.perf_recipes``: one function per
 model, system and precision, no arguments), where 0.3 kept them in ``scripts/performance/`` (which
-`nemo_muon.megatron.bridge` mirrors field by field). So on 0.6 the base is the function itself
-(`perf_recipe_target`), and `nemo_muon.megatron.bridge` sets our layout, batch, schedule, data, checkpoint,
+`nemo_muon.megatron.bridge.container` mirrors field by field). So on 0.6 the base is the function itself
+(`perf_recipe_target`), and `nemo_muon.megatron.bridge.container` sets our layout, batch, schedule, data, checkpoint,
 logging and optimizer on it; where ours differ from the function on purpose the field is in
 `DELIBERATE_DIFFERENCES_06` (docs/recipes.md prints it).
 
@@ -24,12 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_muon._validation import check_choice
+from nemo_muon.megatron.bridge.hf_config import HF_MODEL_IDS, missing_hf_config_message
 
-HF_MODEL_IDS: dict[str, str] = {
-    "kimi_k2": "moonshotai/Kimi-K2-Instruct",  # recipes/kimi/h100/kimi_k2.py (trust_remote_code=True)
-    "qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",  # recipes/qwen/h100/qwen3_moe.py (_QWEN3_30B_A3B_MODEL_ID, a pinned revision)
-}
-"""The Hub id whose config.json Bridge 0.6's recipe of each model family reads."""
 PERF_RECIPE_MODULES: dict[str, str] = {
     "kimi_k2": "megatron.bridge.perf_recipes.kimi.{gpu}.kimi_k2",
     "qwen3_30b_a3b": "megatron.bridge.perf_recipes.qwen.{gpu}.qwen3_moe",
@@ -107,14 +103,6 @@ def perf_recipe_container(recipe: Any) -> Any:
         raise ValueError(missing_hf_config_message(recipe.model.name))
     with local_hf_config(HF_MODEL_IDS[recipe.model.name], recipe.hf_config):
         return function()
-
-
-def missing_hf_config_message(model: str) -> str:
-    """The refusal of a megatron recipe without ``hf_config`` on Bridge >= 0.4."""
-    hub_id = HF_MODEL_IDS.get(model, "the model's Hub repository")
-    return (f"hf_config must name a local folder holding {hub_id}'s Hugging Face config.json for Megatron-Bridge >= "
-            f"0.4 (NGC 26.04 onwards), which builds the model from it and reaches no Hub here; got None: download "
-            f"config.json of {hub_id} where a network is, and pass hf_config=<that folder>")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Split ownership on Megatron-Core >= 0.18: our Muon's block shares of the matrices the cost layout split.
 
-`nemo_muon.megatron.split_plan` plans the stage's layer-wise matrices with ``ns_split_target`` (as ``nemo-muon plan``
-does) and `nemo_muon.megatron.cost_layout` puts a split matrix whole in its block's first rank's shard: that rank owns
+`nemo_muon.megatron.core_018_plus.split_plan` plans the stage's layer-wise matrices with ``ns_split_target`` (as ``nemo-muon plan``
+does) and `nemo_muon.megatron.core_018_plus.cost_layout` puts a split matrix whole in its block's first rank's shard: that rank owns
 it in Megatron's layer-wise optimizer (its reduced gradient, fp32 master and momentum). `attach_split_shares`
 gives every member of the block its share (`SplitShare` with ``first_holds``): the first member's on the master it
 steps, the others' on the model parameter their optimizer routes but does not step. At each step the first member
@@ -43,8 +43,8 @@ def attach_split_shares(optimizer: Any, model_chunks: Sequence[Any], pg_collecti
     from megatron.core.utils import get_pg_rank, get_pg_size
 
     from nemo_muon.layerwise.split_groups import every_block_group
-    from nemo_muon.megatron.cost_layout import is_layer_wise_matrix
-    from nemo_muon.megatron.split_plan import planned_owner
+    from nemo_muon.megatron.core_018_plus.cost_layout import is_layer_wise_matrix
+    from nemo_muon.megatron.core_018_plus.split_plan import planned_owner
     from nemo_muon.optim.muon import SplitShare
 
     matrices = [p for chunk in model_chunks for p in chunk.parameters() if p.requires_grad and is_layer_wise_matrix(p)]
@@ -52,8 +52,8 @@ def attach_split_shares(optimizer: Any, model_chunks: Sequence[Any], pg_collecti
     requests = {None if o is None else o.stage.target for o in plans}
     if matrices and requests != {target}:
         raise ValueError(f"optimizer.ns_split_target={target!r} needs DDP built on the cost layout planned with it "
-                         "(nemo_muon.megatron.cost_layout.wrap_with_cost_layout, or Megatron-Bridge 0.5 / 0.6 "
-                         f"through nemo_muon.megatron.bridge_layout); the model's layer-wise matrices ask for "
+                         "(nemo_muon.megatron.core_018_plus.cost_layout.wrap_with_cost_layout, or Megatron-Bridge 0.5 / 0.6 "
+                         f"through nemo_muon.megatron.bridge_05_06.layout); the model's layer-wise matrices ask for "
                          f"{sorted(map(str, requests))}")
     pg = pg_collection.dp_cp
     if get_pg_size(pg) == 1:

@@ -7,7 +7,7 @@ returns a subclass whose ``shard_params`` places the matrix optimizer's paramete
 `MegatronSOAP`, the first optimizer) by LPT on the cost model of its registry entry (``spec.matrix``, the one the
 torch backend's engine and the planner use), and Adam's parameters (near-free updates) by LPT on their numel from
 the elements each rank's matrices hold (Megatron deals them out by numel alone), so that every rank owns about as
-many bytes, which is what a gradient reduced to its owners sends (`nemo_muon.megatron.owner_reduce`), each within
+many bytes, which is what a gradient reduced to its owners sends (`nemo_muon.megatron.core_016_017.owner_reduce`), each within
 its own domain (experts over ``expt_dp`` first, then the dense matrices over ``dp_cp``,
 starting from the expert work each rank already has, as ``nemo-muon plan`` models it). Everything else
 (all-gather of the owned shards, master weights, checkpoints) is Megatron's, unchanged.
@@ -16,14 +16,14 @@ Split ownership (``MuonConfig.ns_split_target``, 0.16, Muon, TP = 1): the dense 
 `nemo_muon.accounting.ownership_plan.plan_ownership` with a balance target, exactly as the whole-tensor optimizer plans them
 (``accounting.ns_split``, counting the extra all-gather of the update). A split matrix stays whole in the optimizer
 of every member of its block (each holds the fp32 master and the momentum, and receives the full reduced gradient:
-`nemo_muon.megatron.owner_reduce` all-reduces it); our Muon runs its Newton–Schulz distributed over the block
+`nemo_muon.megatron.core_016_017.owner_reduce` all-reduces it); our Muon runs its Newton–Schulz distributed over the block
 (`Muon.share_split`), so every member computes the identical update; the block's first rank shares the parameter in Megatron's all-gather. The
 gradient norm and zero count skip the other members' copies, and their checkpoint tensors are marked as replicas.
 
 Megatron-Core 0.18+ takes ownership from a parameter layout computed when DDP is built
 (``LayerWiseDistributedOptimizer.compute_full_param_layout``, called by ``megatron.training``'s
 ``wrap_model_chunks_with_ddp`` before any optimizer exists): there the same plan is laid out by
-`nemo_muon.megatron.cost_layout` (a split matrix held by its block's first rank only).
+`nemo_muon.megatron.core_018_plus.cost_layout` (a split matrix held by its block's first rank only).
 """
 
 from __future__ import annotations
@@ -31,59 +31,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from nemo_muon.accounting.ns_split import split_options
-from nemo_muon.accounting.ownership_plan import PlanItem, lpt_assign, plan_ownership
-from nemo_muon.optim.fused import split_parts
+from nemo_muon.accounting.ownership_plan import lpt_assign, plan_ownership
+from nemo_muon.megatron.shared.ownership import expert_work, is_routed_expert, matrix_item
 from nemo_muon.optim.muon import Muon, SplitShare
-from nemo_muon.optim.routed import RoutedOptimizer
 from nemo_muon.registry import spec_named
-
-
-def matrix_cost(optimizer: RoutedOptimizer, shape: tuple[int, ...]) -> float:
-    """Per-step update FLOPs of one whole matrix under our optimizer: its registry entry's cost model
-    (``spec.matrix.update_flops``) at the optimizer's defaults."""
-    return spec_named(optimizer.registry_name).matrix.update_flops(shape, optimizer.defaults)
-
-
-def _matrix_item(optimizer: RoutedOptimizer, p: Any, key: str, splittable: bool) -> PlanItem:
-    """The plan item of one matrix: the update cost of what our optimizer runs (its fused parts, or the whole matrix,
-    as its registry entry says), and the split options where the entry allows a split."""
-    shape = tuple(p.shape)
-    nbytes = p.numel() * p.element_size()
-    matrix = spec_named(optimizer.registry_name).matrix
-    parts = [(t.shape[-2], shape[-1]) for t in split_parts(p.detach()[..., :1], optimizer.route_of(p), key)]
-    hp = optimizer.defaults
-    cost = matrix.update_cost(shape, parts, hp)
-    options = split_options(parts, steps=hp["ns_steps"], gather_update=True) if splittable and matrix.splittable else ()
-    return PlanItem(key, shape, cost, nbytes, split_options=options)
-
-
-def _routed_expert(name: str) -> bool:
-    """True for a routed expert's weight (``mlp.experts.``; shared experts are ``mlp.shared_experts.``): never split
-    (at EP = 1 Megatron keeps them in the dense domain, `allreduce` True; ``nemo-muon plan`` keeps them whole)."""
-    return ".mlp.experts." in f".{name}"
-
-
-def _expert_work(expert_flops: list[float], pgs: Any, size: int, rank: int) -> list[float] | None:
-    """The expert matrices' update cost each dp_cp rank already has (None without experts).
-
-    Every EP rank holds experts of the same shapes, so its expert plan over its expert-DP replicas is the same
-    (``expert_flops``, computed on this rank): dp_cp rank b is EP rank b mod ep's replica b div ep (Megatron's rank
-    order, ep = dp_cp / expt_dp with ETP = TP). This rank checks that order on itself and raises if it differs.
-    """
-    from megatron.core.utils import get_pg_rank, get_pg_size
-
-    if not any(expert_flops):
-        return None
-    replicas = get_pg_size(pgs.expt_dp)
-    if size % replicas:
-        raise RuntimeError(f"expert-DP size {replicas} must divide the dp_cp size {size} (ETP = TP) to plan "
-                           "ownership by update cost")
-    ep = size // replicas
-    if get_pg_rank(pgs.expt_dp) != rank // ep:
-        raise RuntimeError(f"dp_cp rank {rank} is expert-DP rank {get_pg_rank(pgs.expt_dp)}, not {rank // ep} "
-                           f"(rank div {ep}): the rank order the ownership plan assumes does not hold")
-    return [expert_flops[b // ep] for b in range(size)]
 
 
 @functools.cache
@@ -130,9 +81,9 @@ def ns_balanced_class() -> type:
                 others = [x for x in params if not x[2]]
                 target = self.split_target if split and not expert else None
                 keys = [matrix_opt.name_of(p) or f"matrix {k}" for k, (p, _, _) in enumerate(matrices)]
-                items = [_matrix_item(matrix_opt, p, key, target is not None and not _routed_expert(key))
+                items = [matrix_item(matrix_opt, p, key, target is not None and not is_routed_expert(key))
                          for key, (p, _, _) in zip(keys, matrices, strict=True)]
-                initial = None if expert else _expert_work(expert_flops, pgs, size, rank)
+                initial = None if expert else expert_work(expert_flops, pgs, size, rank)
                 plan = plan_ownership(items, size, "lpt", initial_flops=initial, balance_target=target)
                 if expert:
                     expert_flops = list(plan.flops)

@@ -3,8 +3,8 @@
 Bridge 0.3's `megatron.bridge.training.optim.setup_optimizer` builds every Muon through the name
 ``get_megatron_muon_optimizer`` of its own module (imported from ``megatron.core.optimizer.muon``). `install` rebinds
 that name, in Bridge's module only, to `build_for_bridge`, which builds nemo-muon's Muon (or SOAP: Bridge sends
-``*soap*`` optimizers to the same name) inside Megatron's layer-wise optimizer (`nemo_muon.megatron.registration.build_layer_wise_016`) with the config overrides and process
-groups Bridge passes. Nothing else of Bridge changes. The hook is pinned: `install` refuses another Bridge minor
+``*soap*`` optimizers to the same name) inside Megatron's layer-wise optimizer (`nemo_muon.megatron.shared.build.build_engine`,
+Megatron-Core 0.16's assembly) with the config overrides and process groups Bridge passes. Nothing else of Bridge changes. The hook is pinned: `install` refuses another Bridge minor
 version, and a setup_optimizer that no longer calls that name, so a Bridge upgrade fails loudly here instead of
 silently running Megatron's own Muon.
 """
@@ -16,7 +16,11 @@ import importlib.metadata
 import inspect
 from typing import Any
 
-SUPPORTED_BRIDGE = (0, 3)
+from nemo_muon.megatron.generations import BRIDGE_GENERATIONS
+
+SUPPORTED_BRIDGE: tuple[tuple[int, int], ...] = tuple(g.minor for g in BRIDGE_GENERATIONS
+                                                     if g.install_engine == f"{__name__}:install")
+"""The Bridge minors whose row (`nemo_muon.megatron.generations`) enters the engine through this hook."""
 HOOKED_NAME = "get_megatron_muon_optimizer"
 
 
@@ -25,24 +29,23 @@ def build_for_bridge(config: Any, model_chunks: list[Any], config_overrides: Any
                      pg_collection: Any = None, *, ours: Any = None) -> Any:
     """Stands in for Megatron-Core 0.16's ``get_megatron_muon_optimizer`` inside Bridge's setup_optimizer (which
     sends Muon and SOAP there); ``ours`` is the recipe's optimizer config, bound by `install`."""
-    from nemo_muon.megatron.build import mpu_process_groups
-    from nemo_muon.megatron.registration import build_layer_wise_016
+    from nemo_muon.megatron.shared.build import build_engine, mpu_process_groups
 
     if not layer_wise_distributed_optimizer:
         raise ValueError(f"optimizer.optimizer must be 'dist_muon' or 'dist_soap' (layer-wise) for engine "
                          f"'nemo_muon'; got {config.optimizer!r}")
     if pg_collection is None:  # Bridge passes none unless dist.use_decentralized_pg; Megatron's groups are set up
         pg_collection = mpu_process_groups()
-    return build_layer_wise_016(config, model_chunks, pg_collection, config_overrides, ours=ours)
+    return build_engine(ours, config, model_chunks, pg_collection, config_overrides=config_overrides)
 
 
 def check_hook_point(optim_module: Any, bridge_version: str) -> None:
     """Raise unless Bridge is 0.3.x and its setup_optimizer builds Muon through the module name we rebind."""
     from nemo_muon.versions import release_numbers
 
-    if release_numbers(bridge_version)[:2] != SUPPORTED_BRIDGE:
+    if release_numbers(bridge_version)[:2] not in SUPPORTED_BRIDGE:
         raise RuntimeError(f"optimizer.engine='nemo_muon' is wired into Megatron-Bridge "
-                           f"{'.'.join(map(str, SUPPORTED_BRIDGE))}.x; installed megatron-bridge {bridge_version}. "
+                           f"{' / '.join('.'.join(map(str, v)) + '.x' for v in SUPPORTED_BRIDGE)}; installed megatron-bridge {bridge_version}. "
                            "Set optimizer.engine=megatron, or use a Bridge this nemo-muon supports")
     source = inspect.getsource(optim_module.setup_optimizer)
     if f"{HOOKED_NAME}(" not in source or not hasattr(optim_module, HOOKED_NAME):

@@ -153,22 +153,20 @@ def check_recipe_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept
 
 
 MBRIDGE = "megatron-bridge"
-BRIDGE_RECIPE_RELEASES: tuple[tuple[int, int], ...] = ((0, 3), (0, 6))
-"""Bridge minor releases whose recipes nemo-muon builds on (0.3: the library recipes and perf scripts mirrored;
-0.6: the perf recipes of the wheel). 0.4 / 0.5 ship their perf configs outside the wheel."""
 
 
 def check_recipe_bridge(recipe, bridge_version: str, *, where: str) -> None:  # noqa: ANN001 - import-free
-    """Refuse a megatron recipe that the Bridge ``bridge_version`` cannot build, naming the release, the component and
-    the fix; on Bridge >= 0.4 the recipe must name ``hf_config``."""
-    minor = release_numbers(bridge_version)[:2]
-    if minor not in BRIDGE_RECIPE_RELEASES and minor < BRIDGE_RECIPE_RELEASES[-1]:
-        raise ValueError(f"recipe {recipe.name!r} cannot run on {where}: megatron-bridge {bridge_version} (NGC 26.04 / "
-                         "26.06) ships its perf configs outside the wheel, and nemo-muon builds megatron recipes on "
-                         "Bridge 0.3 (nemo:26.02) and 0.6 (nemo:26.08); fix: use the nemo:26.08 or nemo:26.02 container")
-    if minor >= (0, 4) and recipe.hf_config is None:
-        from nemo_muon.megatron.bridge_perf_recipes import missing_hf_config_message
+    """Refuse a megatron recipe that the Bridge ``bridge_version`` cannot build (its generation has no base container,
+    `nemo_muon.megatron.generations`), naming the release, the component and the fix; on Bridge >= 0.4 the recipe
+    must name ``hf_config``."""
+    from nemo_muon.megatron.bridge.hf_config import missing_hf_config_message
+    from nemo_muon.megatron.generations import bridge_generation
 
+    generation = bridge_generation(bridge_version)
+    if generation.base_container is None:
+        raise ValueError(f"recipe {recipe.name!r} cannot run on {where}: megatron-bridge {bridge_version} "
+                         f"({generation.releases}) {generation.refusal}")
+    if generation.engine_entry == "provide" and recipe.hf_config is None:
         raise ValueError(f"recipe {recipe.name!r} on {where} (megatron-bridge {bridge_version}): "
                          f"{missing_hf_config_message(recipe.model.name)}")
 
@@ -195,14 +193,14 @@ def target_stack() -> tuple[dict[str, str | None], str]:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """``python -m nemo_muon.megatron.stack --require muon[,soap,adamw]``: the container build's check.
+    """``python -m nemo_muon.megatron.shared.stack --require muon[,soap,adamw]``: the container build's check.
 
     Prints every known break of the installed stack; exits 1 when one stops a required optimizer.
     """
     import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m nemo_muon.megatron.stack", description=_main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m nemo_muon.megatron.shared.stack", description=_main.__doc__)
     parser.add_argument("--require", default="", help="comma-separated optimizers the image must run "
                         f"({', '.join(names())}); empty = report only")
     args = parser.parse_args(argv)
@@ -214,13 +212,13 @@ def _main(argv: list[str] | None = None) -> int:
     versions = installed_versions()
     problems = stack_problems(versions)
     shown = ", ".join(f"{k} {v}" for k, v in versions.items() if v is not None) or "none of " + ", ".join(versions)
-    print(f"nemo_muon.megatron.stack: {shown}")
+    print(f"nemo_muon.megatron.shared.stack: {shown}")
     for p in problems:
         who = (p.optimizer or "any optimizer") + (f" (engine {p.engine!r})" if p.engine else "")
         print(f"  [{p.rule}] {who} cannot run: {p.message}; fix: {p.fix}")
     blocked = sorted({o for o in required if problems_for_optimizer(o, versions)})
     if blocked:
-        print(f"nemo_muon.megatron.stack: the image must run {required}, but {blocked} cannot run on this stack "
+        print(f"nemo_muon.megatron.shared.stack: the image must run {required}, but {blocked} cannot run on this stack "
               f"(build with --build-arg NEMO_MUON_REQUIRE_OPTIMIZERS=<the optimizers it must run> to accept that)",
               file=sys.stderr)
         return 1

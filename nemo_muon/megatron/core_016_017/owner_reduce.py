@@ -14,7 +14,7 @@ matrix split over a block (0.16 keeps a whole copy on every member), and the gra
 sequence-parallel weights, and the embedding / output weights a tied or MTP model shares across pipeline stages:
 `READ_ACROSS_GROUPS`). The other ranges of
 a rank's buffer stay unreduced: the layer-wise optimizer reads the gradients of the parameters it owns only (its
-update, gradient norm and zero count). The parameter side: `nemo_muon.megatron.owner_gather`.
+update, gradient norm and zero count). The parameter side: `nemo_muon.megatron.core_016_017.owner_gather`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nemo_muon.megatron.class_switch import same_identity, switch_class
+from nemo_muon.megatron.shared.class_switch import same_identity, switch_class
 
 Range = tuple[int, int]
 

@@ -1,9 +1,9 @@
 """Split ownership on Megatron-Core >= 0.18: the pipeline stage's ownership plan, made when the model is tagged.
 
-With Muon's ``ns_split_target`` DDP's cost layout (`nemo_muon.megatron.cost_layout`) must lay out exactly the plan
+With Muon's ``ns_split_target`` DDP's cost layout (`nemo_muon.megatron.core_018_plus.cost_layout`) must lay out exactly the plan
 ``nemo-muon plan`` computes for the stage: all model chunks of this pipeline rank (its virtual stages) planned
 together, the routed experts first by LPT over ``expt_dp``, then the dense matrices by `plan_ownership` with the
-target over ``dp_cp``, starting from each rank's expert work (the rule `nemo_muon.megatron.cost_balanced` runs on
+target over ``dp_cp``, starting from each rank's expert work (the rule `nemo_muon.megatron.core_016_017.cost_balanced` runs on
 0.16 / 0.17). DDP computes the layout one chunk at a time, so `tag_stage_plan` plans the stage when the whole model
 is tagged (before the wrap) and leaves on every layer-wise matrix its `PlannedOwner`: the rank whose shard holds it
 and, for a split matrix, its `LayoutSplit`.
@@ -62,13 +62,13 @@ def tag_stage_plan(items: Mapping[Any, Any], pg_collection: Any, target: float) 
     from megatron.core.utils import get_pg_rank, get_pg_size
 
     from nemo_muon.accounting.ownership_plan import plan_ownership
-    from nemo_muon.megatron.cost_balanced import _expert_work
+    from nemo_muon.megatron.shared.ownership import expert_work
 
     dp, edp = get_pg_size(pg_collection.dp_cp), get_pg_size(pg_collection.expt_dp)
     experts = [p for p in items if is_expert_parallel(p)]
     dense = [p for p in items if not is_expert_parallel(p)]
     expert_plan = plan_ownership([items[p] for p in experts], edp, "lpt")
-    start = _expert_work(list(expert_plan.flops), pg_collection, dp, get_pg_rank(pg_collection.dp_cp))
+    start = expert_work(list(expert_plan.flops), pg_collection, dp, get_pg_rank(pg_collection.dp_cp))
     dense_plan = plan_ownership([items[p] for p in dense], dp, "lpt", initial_flops=start, balance_target=target)
     stage = StageSplitPlan(float(target), dense_plan, tuple(expert_plan.flops))
     for p in experts:
