@@ -1,5 +1,5 @@
 """Our optimizer configs -> real megatron.core OptimizerConfig objects of the installed 0.19.2 (the 0.16.0 of NGC
-26.02 is checked in the container-stack environment: tests/container_stack/test_optimizer_config_016.py)."""
+26.02 is checked in the container-stack environment: tests/container_stack/test_optimizer_config_core_016_017.py)."""
 
 from __future__ import annotations
 

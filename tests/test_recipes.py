@@ -202,11 +202,17 @@ def test_every_megatron_recipe_is_a_consistent_layout_on_the_system_its_name_say
 
 
 def test_recipes_doc_lists_the_deliberate_differences_from_bridge():
+    """docs/recipes.md prints both generations' tables of deliberate differences, row for row."""
     from pathlib import Path
 
-    from nemo_muon.megatron.bridge_03.library_recipe import deliberate_differences_markdown
-    from nemo_muon.megatron.bridge_06.perf_recipes import deliberate_differences_06_markdown
+    from nemo_muon.megatron.bridge_03.library_recipe import DELIBERATE_DIFFERENCES
+    from nemo_muon.megatron.bridge_06.perf_recipes import DELIBERATE_DIFFERENCES_06
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "recipes.md").read_text()
-    assert deliberate_differences_markdown() in doc
-    assert deliberate_differences_06_markdown() in doc
+    table_03 = ["| field | Bridge's perf scripts | ours | why |", "|---|---|---|---|"]
+    table_03 += [f"| `{d.field}` | {d.bridge} | {d.ours} | {d.why} |" for d in DELIBERATE_DIFFERENCES]
+    table_06 = ["| fields | Bridge 0.6's perf recipe | ours | why |", "|---|---|---|---|"]
+    table_06 += [f"| {', '.join(f'`{f}`' for f in d.fields)} | {d.bridge} | {d.ours} | {d.why} |"
+                 for d in DELIBERATE_DIFFERENCES_06]
+    assert "\n".join(table_03) + "\n" in doc
+    assert "\n".join(table_06) + "\n" in doc

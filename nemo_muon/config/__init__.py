@@ -1,6 +1,6 @@
 """Plain, validated configuration dataclasses (torch-free)."""
 
-from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.config.optimizer import AdamWConfig, BaseOptimizerConfig, MuonConfig, SoapConfig
 from nemo_muon.config.recipe import (
     CheckpointConfig,
     DataConfig,
@@ -19,7 +19,7 @@ __all__ = [
     "DataConfig",
     "LoggingConfig",
     "MuonConfig",
-    "OptimizerConfig",
+    "BaseOptimizerConfig",
     "ParallelismConfig",
     "PrecisionConfig",
     "SchedulerConfig",

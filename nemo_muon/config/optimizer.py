@@ -176,5 +176,4 @@ class AdamWConfig(BaseOptimizerConfig):
         check_range("adamw.eps", self.eps, low=0.0, low_inclusive=False)
 
 
-OptimizerConfig = BaseOptimizerConfig
 """The type of a recipe's optimizer: any registered config (`nemo_muon.registry`)."""

@@ -24,7 +24,7 @@ from nemo_muon.config.limits import (
     check_mount_safe_path,
     check_run_name,
 )
-from nemo_muon.config.optimizer import BaseOptimizerConfig, MuonConfig, OptimizerConfig
+from nemo_muon.config.optimizer import BaseOptimizerConfig, MuonConfig
 from nemo_muon.models.specs import ModelSpec
 
 GPUS: tuple[str, ...] = ("gb300", "gb200", "b200", "h200", "h100", "cpu")
@@ -274,7 +274,7 @@ class TrainingRecipe:
 
     name: str
     model: ModelSpec
-    optimizer: OptimizerConfig = field(default_factory=MuonConfig)
+    optimizer: BaseOptimizerConfig = field(default_factory=MuonConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

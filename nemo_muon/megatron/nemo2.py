@@ -27,7 +27,7 @@ This module needs NeMo 2.7 (``import nemo_muon.megatron.nemo2`` raises ImportErr
 import inspect
 from typing import Any
 
-from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, AdamWConfig, BaseOptimizerConfig, MuonConfig, SoapConfig
 from nemo_muon.megatron.shared.build import build_from_megatron_config, mpu_process_groups
 from nemo_muon.megatron.shared.optimizer_config import (
     MEGATRON_MUON_DEFAULTS,
@@ -98,7 +98,7 @@ class EmergingOptimizerModule(MegatronOptimizerModule):
         bf16: the model's parameters are bf16 (NeMo's ``bf16-mixed``).
     """
 
-    def __init__(self, optimizer: OptimizerConfig, lr_scheduler: Any = None, grad_clip: float = 1.0,
+    def __init__(self, optimizer: BaseOptimizerConfig, lr_scheduler: Any = None, grad_clip: float = 1.0,
                  min_lr: float | None = None, layerwise: bool = True, bf16: bool = True) -> None:
         if not is_registered(optimizer):
             raise ValueError(f"optimizer must be a registered optimizer config (nemo_muon.registry); got {optimizer!r}")

@@ -53,9 +53,10 @@ def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: 
 
     from nemo_muon.megatron.bridge.container import bridge_optimizer_config
     from nemo_muon.megatron.bridge_05_06 import layout as bridge_layout
-    from nemo_muon.megatron.shared.build import ddp_config_kwargs, mpu_process_groups
+    from nemo_muon.megatron.shared.build import mpu_process_groups
     from nemo_muon.megatron.shared.optimizer_config import ddp_flags, to_megatron_optimizer_config
     from tests.megatron_cpu.te_stub import bridge_imports_without_te
+    from tests.megatron_cpu.training import ddp_config_kwargs
 
     bridge_imports_without_te()
     from megatron.bridge.models.model_provider import ModelProviderMixin
@@ -109,7 +110,8 @@ def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spe
     import torch.distributed as dist
 
     from nemo_muon.megatron.bridge_05_06 import layout as bridge_layout
-    from nemo_muon.megatron.core_018_plus.split_shares import _our_muons
+    from nemo_muon.megatron.shared.engine import ours_in
+    from nemo_muon.optim.muon import Muon
 
     with megatron_parallel() as parallel_state:
         setup = bridge_setup(spec_name, steps, cost_layout, optimizer_name, split_target, grad_clip)
@@ -148,7 +150,7 @@ def train_through_bridge_model_setup(rank: int, world_size: int, group: Any, spe
                 "owners_match": owners_match, "planned": None if planner is None else len(planner.plans),
                 "hook_installed": bridge_layout.installed(), "seq": SEQ,
                 "planned_splits": None if planner is None else sum(len(plan.splits) for plan in planner.plans),
-                "split_shares": sum(len(raw._splits) for _, raw in _our_muons(optimizer)),
+                "split_shares": sum(len(raw._splits) for _, raw in ours_in(optimizer, Muon)),
                 "replica_max_diff": max(float((replicas[0] - r).abs().max()) for r in replicas)}
 
 

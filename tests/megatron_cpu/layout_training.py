@@ -112,7 +112,8 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
     import torch
     import torch.distributed as dist
 
-    from nemo_muon.megatron.core_018_plus.cost_layout import layout_api_problems, owned_costs, update_costs
+    from nemo_muon.megatron.core_018_plus.cost_layout import layout_api_problems
+    from tests.megatron_cpu.ownership_probe import owned_costs, update_costs
 
     sizes = {**({"expert_model_parallel_size": ep} if ep > 1 else {}),
              **({"pipeline_model_parallel_size": pp} if pp > 1 else {})}

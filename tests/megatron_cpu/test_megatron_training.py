@@ -255,7 +255,7 @@ def test_experts_are_owned_and_shared_within_their_expert_data_parallel_group():
 
 
 @pytest.mark.parametrize("optimizer", ["muon", "soap"])
-def test_matrices_are_owned_by_update_cost_inside_megatron_016(optimizer):
+def test_matrices_are_owned_by_update_cost_inside_megatron_core_016_017(optimizer):
     """Megatron-Core 0.16 (NGC 26.02): engine nemo_muon's layer-wise optimizer owns the matrices by LPT on their
     update cost (`nemo_muon.megatron.core_016_017.cost_balanced`), the plan our whole-tensor optimizer uses, instead of Megatron's numel
     ping-pong; the per-rank cost is what LPT computes from the matrices' costs and no worse than ping-pong's. On 0.18+
@@ -282,7 +282,7 @@ def test_matrices_are_owned_by_update_cost_inside_megatron_016(optimizer):
     assert imbalance(ours) <= imbalance(theirs), (imbalance(ours), imbalance(theirs))
 
 
-def test_split_ownership_inside_megatron_016_equals_whole_tensor_ownership(tmp_path):
+def test_split_ownership_inside_megatron_core_016_017_equals_whole_tensor_ownership(tmp_path):
     """Megatron-Core 0.16 with ``ns_split_target`` (issue 15): the largest matrices' Newton–Schulz runs over both DP
     ranks (`nemo_muon.megatron.core_016_017.cost_balanced`); the gradient norm counts each split matrix once (the helper's copy is
     skipped), one step equals whole-tensor ownership within fp32 rounding of the distributed NS, replicas stay

@@ -88,7 +88,6 @@ reduce-scatter + all-gather, ownership by update cost). 0.16 / 0.17 have no layo
 def _ddp(model, config, opt, layer_wise: bool, grad_reduce_in_fp32: bool = False, layout: str = "megatron"):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    from nemo_muon.megatron.shared.build import ddp_config_kwargs
 
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
@@ -248,6 +247,14 @@ def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int,
     if not out:  # a pipeline stage before the last: no loss here
         return torch.zeros(())
     return torch.stack([o["lm loss"] for o in out]).mean()
+
+
+def ddp_config_kwargs(opt: Any) -> dict[str, Any]:
+    """`DistributedDataParallelConfig` kwargs: the optimizer's flags (`nemo_muon.megatron.shared.optimizer_config.ddp_flags`), no overlap, bf16 reductions."""
+    from nemo_muon.megatron.shared.optimizer_config import ddp_flags
+
+    return {**ddp_flags(opt), "overlap_grad_reduce": False, "overlap_param_gather": False,
+            "grad_reduce_in_fp32": False}
 
 
 def optimizer_config(name: str, engine: str = "nemo_muon", nonfinite: str = "raise"):
@@ -605,7 +612,7 @@ def ownership_loads(rank: int, world_size: int, group: Any, spec_name: str, opti
     the matrices this rank owns, the names it owns, and every matrix's cost (for the plan the test recomputes)."""
     from nemo_muon.megatron.core_016_017.assembly import build_layer_wise
     from nemo_muon.megatron.shared.optimizer_config import to_megatron_optimizer_config
-    from nemo_muon.megatron.shared.ownership import matrix_cost
+    from tests.megatron_cpu.ownership_probe import matrix_cost
 
     with megatron_parallel():
         out: dict[str, Any] = {}

@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_muon.config.optimizer import OptimizerConfig
+from nemo_muon.config.optimizer import BaseOptimizerConfig
 from nemo_muon.config.recipe import ParallelismConfig, TrainingRecipe
 from nemo_muon.megatron.generations import bridge_generation, entry, installed_bridge_generation
 from nemo_muon.megatron.shared.optimizer_config import (
@@ -88,7 +88,8 @@ def parallel_sizes(par: ParallelismConfig) -> dict[str, Any]:
 
 
 def bridge_optimizer_spec(recipe: TrainingRecipe, fields: set[str] | None = None) -> MegatronOptimizerSpec:
-    """Our optimizer mapped onto the OptimizerConfig of the Megatron-Core in the container (0.16 for Bridge 0.3.0)."""
+    """Our optimizer mapped onto the `OptimizerConfig` of the installed Megatron-Core (``fields``: its field names;
+    default: read from the installed one)."""
     if fields is None:
         from megatron.core.optimizer import OptimizerConfig
 
@@ -232,7 +233,7 @@ def config_container(recipe: TrainingRecipe) -> Any:
     return container
 
 
-def routes_cost_layout(opt: OptimizerConfig, bridge_version: str | None = None) -> bool:
+def routes_cost_layout(opt: BaseOptimizerConfig, bridge_version: str | None = None) -> bool:
     """Whether ``opt`` trains on the cost layout inside Bridge ``bridge_version`` (default: the installed one):
     engine 'nemo_muon', a matrix optimizer, and a Bridge generation with a cost-layout entry (0.5 / 0.6); else
     Megatron's legacy layer-wise path (all-reduce, uneven all-gather)."""
@@ -242,7 +243,7 @@ def routes_cost_layout(opt: OptimizerConfig, bridge_version: str | None = None) 
     return generation.cost_layout is not None
 
 
-def bridge_optimizer_config(opt: OptimizerConfig, spec: MegatronOptimizerSpec) -> Any:
+def bridge_optimizer_config(opt: BaseOptimizerConfig, spec: MegatronOptimizerSpec) -> Any:
     """``ConfigContainer.optimizer`` for ``opt`` (mapped to ``spec``) on the installed Bridge.
 
     Engine 'nemo_muon' where the generation's engine entry is ``provide`` (Bridge >= 0.4): the generation's

@@ -3,7 +3,8 @@
 `BRIDGE_PERF_LAYOUTS` holds, once, the numbers of Bridge's perf workload presets (r0.3.1 = NGC nemo:26.02.01;
 Kimi K2: `scripts/performance/configs/kimi/kimi_workload_base_configs.py`, Qwen3: `.../qwen/
 qwen3_workload_base_configs.py`, identical in r0.3.0 = nemo:26.02). The megatron backend sets a row's Bridge-only
-knobs (`bridge.py`, `recipe_rules.py`); `recipes/systems.py` builds recipes from a row. Torch-free.
+knobs (`nemo_muon.megatron.bridge_03.library_recipe.perf_script_fields`, on Bridge 0.3); `recipes/systems.py` builds
+recipes from a row, on every release. Torch-free.
 """
 
 from __future__ import annotations

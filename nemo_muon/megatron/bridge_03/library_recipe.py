@@ -123,13 +123,6 @@ DELIBERATE_DIFFERENCES: tuple[DeliberateDifference, ...] = (
 )
 
 
-def deliberate_differences_markdown() -> str:
-    """The table of docs/recipes.md: every field where a perf recipe differs from Bridge's perf scripts on purpose."""
-    lines = ["| field | Bridge's perf scripts | ours | why |", "|---|---|---|---|"]
-    lines += [f"| `{d.field}` | {d.bridge} | {d.ours} | {d.why} |" for d in DELIBERATE_DIFFERENCES]
-    return "\n".join(lines) + "\n"
-
-
 def perf_script_fields(recipe: TrainingRecipe, knobs: Any) -> dict[str, dict[str, Any]]:
     """What Bridge 0.3's perf scripts set for this (model, gpu) preset (``knobs``: its `BridgePerfLayout` row),
     section by section."""

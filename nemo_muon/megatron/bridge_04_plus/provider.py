@@ -17,7 +17,7 @@ from typing import Any
 
 from megatron.bridge.training.config import OptimizerConfig as BridgeOptimizerConfig
 
-from nemo_muon.config.optimizer import OptimizerConfig
+from nemo_muon.config.optimizer import BaseOptimizerConfig
 from nemo_muon.registry import is_registered, spec_for
 
 
@@ -26,7 +26,7 @@ class EngineOptimizerConfig(BridgeOptimizerConfig):
     """Bridge's `OptimizerConfig` whose ``provide`` builds engine 'nemo_muon' (``engine_config``: the recipe's
     matrix optimizer config (Muon, SOAP, NorMuon, ...: `nemo_muon.registry`), validated when it was made)."""
 
-    engine_config: OptimizerConfig | None = None
+    engine_config: BaseOptimizerConfig | None = None
 
     def provide(self, model_chunks: Any, config_overrides: Any = None, use_gloo_process_groups: bool = False,
                 pg_collection: Any = None) -> Any:
@@ -56,7 +56,7 @@ def _check_ddp_layout(chunks: list[Any]) -> None:
                          "nemo_muon.megatron.bridge_05_06.layout), or set ddp.use_distributed_optimizer=False")
 
 
-def engine_optimizer_config(ours: OptimizerConfig, megatron_kwargs: dict[str, Any]) -> EngineOptimizerConfig:
+def engine_optimizer_config(ours: BaseOptimizerConfig, megatron_kwargs: dict[str, Any]) -> EngineOptimizerConfig:
     """`EngineOptimizerConfig` with the Megatron fields ``megatron_kwargs`` (our mapping's) and ``ours``."""
     fields = {f.name for f in dataclasses.fields(EngineOptimizerConfig)}
     unknown = sorted(set(megatron_kwargs) - fields)

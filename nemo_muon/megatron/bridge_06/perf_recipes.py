@@ -169,9 +169,3 @@ DELIBERATE_DIFFERENCES_06: tuple[DeliberateDifference06, ...] = (
 )
 
 
-def deliberate_differences_06_markdown() -> str:
-    """The Bridge 0.6 table of docs/recipes.md."""
-    lines = ["| fields | Bridge 0.6's perf recipe | ours | why |", "|---|---|---|---|"]
-    lines += [f"| {', '.join(f'`{f}`' for f in d.fields)} | {d.bridge} | {d.ours} | {d.why} |"
-              for d in DELIBERATE_DIFFERENCES_06]
-    return "\n".join(lines) + "\n"

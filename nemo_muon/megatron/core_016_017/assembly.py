@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from nemo_muon.config.optimizer import OptimizerConfig
+from nemo_muon.config.optimizer import BaseOptimizerConfig
 from nemo_muon.megatron.core_016_017.cost_balanced import ns_balanced_class
 from nemo_muon.megatron.core_016_017.owner_gather import gather_in_forward
 from nemo_muon.megatron.core_016_017.owner_reduce import reduce_to_owners
@@ -37,7 +37,7 @@ OWNERSHIPS = ("ns_cost", "megatron")
 
 
 def build_layer_wise(config: Any, model_chunks: list[Any], pg_collection: Any, config_overrides: Any = None, *,
-                         ours: OptimizerConfig, ownership: str = "ns_cost",
+                         ours: BaseOptimizerConfig, ownership: str = "ns_cost",
                          collectives: str = "reduce_scatter") -> Any:
     """Megatron-Core 0.16: our Muon for the 2-D non-embedding weights, Megatron's Adam for the rest, both inside
     Megatron's `LayerWiseDistributedOptimizer` (the assembly `get_megatron_muon_optimizer` does, with our class).
@@ -125,7 +125,7 @@ def _init_adam_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
                 opt.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
 
 
-def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
+def build_engine(opt: BaseOptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
                  config_overrides: Any = None, collectives: str | None = None) -> Any:
     """This generation's engine 'nemo_muon' (`nemo_muon.megatron.generations`): `build_layer_wise` with
     ``collectives`` (None: `DEFAULT_COLLECTIVES`)."""

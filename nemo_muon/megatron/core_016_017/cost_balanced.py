@@ -32,6 +32,7 @@ import functools
 from typing import Any
 
 from nemo_muon.accounting.ownership_plan import lpt_assign, plan_ownership
+from nemo_muon.megatron.shared.engine import ours_in
 from nemo_muon.megatron.shared.ownership import expert_work, is_routed_expert, matrix_item
 from nemo_muon.optim.muon import Muon, SplitShare
 from nemo_muon.registry import spec_named
@@ -127,13 +128,8 @@ def ns_balanced_class() -> type:
 
         def _helper_copies(self) -> set[int]:
             """ids of the main params this rank holds only to help orthogonalize (not the block's first rank)."""
-            out: set[int] = set()
-            for sub in self.chained_optimizers:
-                raw = getattr(sub, "optimizer", None)
-                if isinstance(raw, Muon):
-                    out |= {id(p) for g in raw.param_groups for p in g["params"]
-                            if (s := raw.split_share(p)) is not None and s.index != 0}
-            return out
+            return {id(p) for _, raw in ours_in(self, Muon) for g in raw.param_groups for p in g["params"]
+                    if (s := raw.split_share(p)) is not None and s.index != 0}
 
         def get_grad_norm(self) -> float:
             helpers = self._helper_copies()
@@ -164,12 +160,8 @@ def ns_balanced_class() -> type:
                 return out
             from megatron.core.dist_checkpointing.dict_utils import nested_values
 
-            copies = set(helpers)
-            for sub in self.chained_optimizers:
-                raw = getattr(sub, "optimizer", None)
-                if isinstance(raw, Muon):
-                    copies |= {id(v) for p, st in raw.state.items() if id(p) in helpers for v in st.values()
-                               if hasattr(v, "shape")}
+            copies = set(helpers) | {id(v) for _, raw in ours_in(self, Muon) for p, st in raw.state.items()
+                                     if id(p) in helpers for v in st.values() if hasattr(v, "shape")}
             for sh in nested_values(out):  # the first member's copy is the main replica
                 if hasattr(sh, "replica_id") and id(getattr(sh, "data", None)) in copies:
                     rid = sh.replica_id

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from nemo_muon.config.optimizer import OptimizerConfig
+from nemo_muon.config.optimizer import BaseOptimizerConfig
 from nemo_muon.megatron.core_018_plus.split_shares import attach_split_shares
 from nemo_muon.megatron.shared.engine import (
     engine_class_of,
@@ -61,7 +61,7 @@ def register_with_megatron() -> None:
                 config_to_kwargs=_kwargs_from_attached))
 
 
-def build_layer_wise(config: Any, model_chunks: list[Any], pg_collection: Any, *, ours: OptimizerConfig,
+def build_layer_wise(config: Any, model_chunks: list[Any], pg_collection: Any, *, ours: BaseOptimizerConfig,
                          config_overrides: Any = None) -> Any:
     """Megatron-Core >= 0.18: Megatron's own builder with ``optimizer=<our registry entry's registered_name>``
     (registered here), ``ours`` attached to the copy of Megatron's config it is given (`OURS_ATTRIBUTE`).
@@ -82,7 +82,7 @@ def build_layer_wise(config: Any, model_chunks: list[Any], pg_collection: Any, *
     return apply_nonfinite_policy(optimizer, nonfinite_policy(ours))
 
 
-def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
+def build_engine(opt: BaseOptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
                  config_overrides: Any = None, collectives: str | None = None) -> Any:
     """This generation's engine 'nemo_muon' (`nemo_muon.megatron.generations`): `build_layer_wise`; with
     ``ns_split_target`` DDP must be on the cost layout planned with it, whose split matrices get their block shares

@@ -12,21 +12,8 @@ since only the owner holds the matrix.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-
-def _our_muons(optimizer: Any) -> Iterator[tuple[Any, Any]]:
-    """(Megatron wrapper, our Muon inside it) for every Muon of ours in a (chained / layer-wise) Megatron optimizer."""
-    from nemo_muon.optim.muon import Muon
-
-    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if sub is not optimizer and hasattr(sub, "chained_optimizers"):
-            yield from _our_muons(sub)
-            continue
-        raw = getattr(sub, "optimizer", None)
-        if isinstance(raw, Muon):
-            yield sub, raw
 
 
 def _masters(wrapper: Any) -> dict[Any, Any]:
@@ -45,7 +32,8 @@ def attach_split_shares(optimizer: Any, model_chunks: Sequence[Any], pg_collecti
     from nemo_muon.layerwise.split_groups import every_block_group
     from nemo_muon.megatron.core_018_plus.cost_layout import is_layer_wise_matrix
     from nemo_muon.megatron.core_018_plus.split_plan import planned_owner
-    from nemo_muon.optim.muon import SplitShare
+    from nemo_muon.megatron.shared.engine import ours_in
+    from nemo_muon.optim.muon import Muon, SplitShare
 
     matrices = [p for chunk in model_chunks for p in chunk.parameters() if p.requires_grad and is_layer_wise_matrix(p)]
     plans = [planned_owner(p) for p in matrices]
@@ -61,7 +49,7 @@ def attach_split_shares(optimizer: Any, model_chunks: Sequence[Any], pg_collecti
     rank = get_pg_rank(pg)
     splits = [(p, o.split) for p, o in zip(matrices, plans, strict=True) if o.split is not None]
     blocks = every_block_group(pg, rank)  # alike on every rank (pipeline stages split differently)
-    muons = [(raw, _masters(wrapper)) for wrapper, raw in _our_muons(optimizer)]
+    muons = [(raw, _masters(wrapper)) for wrapper, raw in ours_in(optimizer, Muon)]
     taken = 0
     for p, split in splits:
         if rank not in split.ranks:

@@ -1,30 +1,24 @@
 """Build the Megatron-Core DDP config and optimizer of a recipe's optimizer on the installed Megatron-Core.
 
-The one place the megatron backend turns our `MuonConfig` / `AdamWConfig` into Megatron objects outside Bridge (the
-NeMo 2 module, the CPU training tests, the GPU check in ``bench/gpu/``): the config goes through the tested
-mapping (`to_megatron_optimizer_config`), the stack rules refuse what the installed versions cannot build, and the
-builder is the one that API generation provides.
+The one place the megatron backend builds the optimizer of our configs, inside Bridge (``provide()``, the Bridge 0.3
+hook: `build_engine`) and outside it (the NeMo 2 module, the CPU training tests, the GPU check in ``bench/gpu/``:
+`build_megatron_optimizer`): the config goes through the tested mapping (`to_megatron_optimizer_config`), the stack
+rules refuse what the installed versions cannot build (once per build), and engine 'nemo_muon' is built by the
+installed Megatron-Core generation's ``build_engine`` (`nemo_muon.megatron.generations`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from nemo_muon.config.optimizer import OptimizerConfig
+from nemo_muon.config.optimizer import BaseOptimizerConfig
 from nemo_muon.megatron.generations import entry, installed_core_generation
 from nemo_muon.megatron.shared.optimizer_config import (
     BUILDER_NEMO_MUON,
     MegatronOptimizerSpec,
-    ddp_flags,
     to_megatron_optimizer_config,
 )
 from nemo_muon.megatron.shared.stack import check_installed_stack, optimizer_engine
-
-
-def ddp_config_kwargs(opt: OptimizerConfig) -> dict[str, Any]:
-    """`DistributedDataParallelConfig` kwargs: the optimizer's flags (`ddp_flags`), no overlap, bf16 reductions."""
-    return {**ddp_flags(opt), "overlap_grad_reduce": False, "overlap_param_gather": False,
-            "grad_reduce_in_fp32": False}
 
 
 def mpu_process_groups() -> Any:
@@ -45,22 +39,30 @@ def mpu_process_groups() -> Any:
     return pgs
 
 
-def build_engine(opt: OptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
+def build_engine(opt: BaseOptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
                  config_overrides: Any = None, collectives: str | None = None) -> Any:
     """Engine 'nemo_muon' (our Muon / SOAP / ... inside Megatron's layer-wise optimizer) on the installed
     Megatron-Core, by its generation's ``build_engine`` (`nemo_muon.megatron.generations`). ``config``: a Megatron
     `OptimizerConfig` our mapping wrote from ``opt``; ``config_overrides``: Megatron's per-parameter overrides
     (Bridge's weight-decay rules). ``collectives``: how gradients and parameters travel, where the generation lets
-    the engine choose (0.16 / 0.17; None: its default)."""
+    the engine choose (0.16 / 0.17; None: its default). The entry of Bridge's optimizer setup (``provide()``, the
+    Bridge 0.3 hook): the installed stack is checked here."""
     check_installed_stack(opt.name, optimizer_engine(opt))
+    return _engine(opt, config, model_chunks, pg_collection, config_overrides=config_overrides,
+                   collectives=collectives)
+
+
+def _engine(opt: BaseOptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
+            config_overrides: Any = None, collectives: str | None = None) -> Any:
+    """`build_engine` once the stack was checked."""
     if pg_collection is None:
         raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
                          "optimizer; got None")
     return entry(installed_core_generation().build_engine)(opt, config, model_chunks, pg_collection,
-                                          config_overrides=config_overrides, collectives=collectives)
+                                                           config_overrides=config_overrides, collectives=collectives)
 
 
-def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: MegatronOptimizerSpec,
+def build_from_megatron_config(opt: BaseOptimizerConfig, config: Any, spec: MegatronOptimizerSpec,
                                model_chunks: list[Any], *, pg_collection: Any = None,
                                collectives: str | None = None) -> Any:
     """The Megatron optimizer of ``config`` (an `OptimizerConfig` from `to_megatron_optimizer_config`, possibly
@@ -68,11 +70,11 @@ def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: Megatron
 
     ``pg_collection`` (a `ProcessGroupCollection` with ``dp_cp`` and ``expt_dp`` set) is required by the layer-wise
     optimizer of Megatron-Core >= 0.18 and passed explicitly; no process group is looked up here. ``collectives``:
-    engine 'nemo_muon' on 0.16 / 0.17 (`build_engine`).
+    engine 'nemo_muon' on 0.16 / 0.17 (`build_engine`). The installed stack is checked here, once.
     """
     check_installed_stack(opt.name, optimizer_engine(opt))
     if spec.builder == BUILDER_NEMO_MUON:
-        return build_engine(opt, config, model_chunks, pg_collection, collectives=collectives)
+        return _engine(opt, config, model_chunks, pg_collection, collectives=collectives)
     if collectives is not None:
         raise ValueError(f"collectives applies to engine 'nemo_muon'; {opt.name} is built by {spec.builder}")
     if spec.builder == "get_megatron_muon_optimizer":  # Megatron-Core 0.16 / 0.17's own Muon
@@ -90,7 +92,7 @@ def build_from_megatron_config(opt: OptimizerConfig, config: Any, spec: Megatron
 
 
 def build_megatron_optimizer(
-    opt: OptimizerConfig,
+    opt: BaseOptimizerConfig,
     model_chunks: list[Any],
     *,
     grad_clip: float = 1.0,
@@ -102,7 +104,6 @@ def build_megatron_optimizer(
 ) -> tuple[Any, Any]:
     """(Megatron optimizer, its `OptimizerConfig`) for DDP-wrapped ``model_chunks`` (see `build_from_megatron_config`).
     ``min_lr``: the floor Megatron's `OptimizerParamScheduler` decays to (None: no scheduler drives it)."""
-    check_installed_stack(opt.name, optimizer_engine(opt))
     config, spec = to_megatron_optimizer_config(opt, grad_clip=grad_clip, bf16=bf16, layerwise=layerwise,
                                                 min_lr=min_lr)
     return build_from_megatron_config(opt, config, spec, model_chunks, pg_collection=pg_collection,

@@ -26,12 +26,12 @@ state of any shape (`nemo_muon.megatron.shared.state_checkpoint`: SOAP's factors
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from nemo_muon.config.optimizer import OptimizerConfig
+from nemo_muon.config.optimizer import BaseOptimizerConfig
 from nemo_muon.megatron.shared.state_checkpoint import adopt_wrapper, guard_layer_wise_file
 from nemo_muon.optim.muon import Muon
 from nemo_muon.optim.routed import RoutedOptimizer
@@ -120,7 +120,7 @@ def _tp(pg_collection: Any) -> tuple[Any, int]:
     return tp_group, 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
 
 
-def engine_kwargs(ours: OptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any) -> dict[str, Any]:
+def engine_kwargs(ours: BaseOptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any) -> dict[str, Any]:
     """Keyword arguments of ``engine_class_of(spec_for(ours))``: the fields of our validated config (stated once),
     lr and weight decay from Megatron's config (frameworks and Megatron's scheduler adjust them there), the model's
     names and layouts, and the TP group. The matrix optimizer raises on a non-finite gradient: the step-level policy
@@ -138,6 +138,24 @@ def engine_kwargs(ours: OptimizerConfig, config: Any, model_chunks: list[Any], p
     return kwargs
 
 
+def megatron_leaves(optimizer: Any) -> Iterator[Any]:
+    """Every leaf of a (chained / layer-wise) Megatron optimizer, depth first: the wrappers (``Float16Optimizer...``,
+    ``FP32Optimizer``) around one torch optimizer each. The one walk over Megatron's chained optimizers."""
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if sub is not optimizer and hasattr(sub, "chained_optimizers"):
+            yield from megatron_leaves(sub)
+        else:
+            yield sub
+
+
+def ours_in(optimizer: Any, kind: type = RoutedOptimizer) -> Iterator[tuple[Any, Any]]:
+    """(Megatron wrapper, our optimizer inside it) for every optimizer of ours of ``kind`` in ``optimizer``."""
+    for wrapper in megatron_leaves(optimizer):
+        raw = getattr(wrapper, "optimizer", None)
+        if isinstance(raw, kind):
+            yield wrapper, raw
+
+
 def finish_wrapping(optimizer: Any) -> int:
     """After Megatron wrapped our optimizer in `Float16OptimizerWithFloat16Params` (or `FP32Optimizer`): move routes to
     the master copies, switch the wrapper to checkpointing our state of any shape, and the layer-wise optimizer to
@@ -145,25 +163,19 @@ def finish_wrapping(optimizer: Any) -> int:
 
     Walks the (chained / layer-wise) Megatron optimizer; returns how many of ours were found (0 = none).
     """
-    found = 0
     if hasattr(optimizer, "save_state_dict_to_file"):  # Megatron's layer-wise optimizer
         guard_layer_wise_file(optimizer)
-    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if sub is not optimizer and hasattr(sub, "chained_optimizers"):
-            found += finish_wrapping(sub)
-            continue
-        raw = getattr(sub, "optimizer", None)
-        if not isinstance(raw, _OnMegatronParams):
-            continue
+    found = 0
+    for wrapper, raw in ours_in(optimizer, _OnMegatronParams):
         found += 1
-        for old_group, new_group in zip(getattr(sub, "float16_groups", []),
-                                        getattr(sub, "fp32_from_float16_groups", []), strict=True):
+        for old_group, new_group in zip(getattr(wrapper, "float16_groups", []),
+                                        getattr(wrapper, "fp32_from_float16_groups", []), strict=True):
             raw.rekey(zip(old_group, new_group, strict=True))
-        adopt_wrapper(sub)
+        adopt_wrapper(wrapper)
     return found
 
 
-def nonfinite_policy(ours: OptimizerConfig) -> str:
+def nonfinite_policy(ours: BaseOptimizerConfig) -> str:
     """The step-level non-finite policy of our config (`nemo_muon.megatron.shared.nonfinite`). Our matrix optimizer itself
     keeps ``nonfinite='raise'``: the step-level policy decides first, on every rank alike."""
     return getattr(ours, "nonfinite", "raise")

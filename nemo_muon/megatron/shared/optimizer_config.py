@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_muon._validation import check_choice
-from nemo_muon.config.optimizer import MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.config.optimizer import BaseOptimizerConfig, MuonConfig, SoapConfig
 from nemo_muon.megatron.generations import CORE_016_017, CORE_018_PLUS, core_generation
 from nemo_muon.registry import resolve, spec_for, spec_named
 
@@ -94,7 +94,7 @@ def _refuse(field: str, value: Any, why: str) -> ValueError:
     return ValueError(f"{field}={value!r} cannot be honoured by Megatron-Core: {why}")
 
 
-def _common(opt: OptimizerConfig, *, grad_clip: float, min_lr: float | None, bf16: bool) -> dict[str, Any]:
+def _common(opt: BaseOptimizerConfig, *, grad_clip: float, min_lr: float | None, bf16: bool) -> dict[str, Any]:
     # AdamWConfig has no policy field; engine 'nemo_muon' skips globally (`nemo_muon.megatron.shared.nonfinite`)
     if getattr(opt, "nonfinite", "raise") != "raise" and getattr(opt, "engine", None) != BUILDER_NEMO_MUON:
         raise _refuse(f"{opt.name}.nonfinite", opt.nonfinite,
@@ -106,7 +106,7 @@ def _common(opt: OptimizerConfig, *, grad_clip: float, min_lr: float | None, bf1
     return kw
 
 
-def _megatron_structure(opt: OptimizerConfig) -> None:
+def _megatron_structure(opt: BaseOptimizerConfig) -> None:
     """What Megatron's structure refuses whichever engine updates the matrices (field-based: any Muon-family config)."""
     if getattr(opt, "split_gate_up", False):
         raise _refuse(f"{opt.name}.split_gate_up", True, "it orthogonalizes linear_fc1 (gate and up fused) as one "
@@ -168,7 +168,7 @@ def soap_fields(opt: SoapConfig, api: str, fields: Collection[str], *, engine: s
 
 
 def megatron_optimizer_spec(
-    opt: OptimizerConfig,
+    opt: BaseOptimizerConfig,
     *,
     fields: Collection[str],
     grad_clip: float = 1.0,
@@ -225,7 +225,7 @@ def _bridge_layer_wise_name(name: str) -> str:
     return f"dist_{name}" if name == "muon" else name
 
 
-def ddp_flags(opt: OptimizerConfig, *, cost_layout: bool = False) -> dict[str, bool]:
+def ddp_flags(opt: BaseOptimizerConfig, *, cost_layout: bool = False) -> dict[str, bool]:
     """The `DistributedDataParallelConfig` fields the optimizer decides, on every megatron path.
 
     AdamW shards its state (ZeRO-1, Megatron's distributed optimizer); Muon/SOAP own whole matrices (the layer-wise
@@ -249,7 +249,7 @@ def soap_accepts_precondition_frequency() -> bool:
 
 
 def to_megatron_optimizer_config(
-    opt: OptimizerConfig,
+    opt: BaseOptimizerConfig,
     *,
     grad_clip: float = 1.0,
     min_lr: float | None = None,

@@ -17,12 +17,6 @@ from nemo_muon.optim.routed import RoutedOptimizer
 from nemo_muon.registry import spec_named
 
 
-def matrix_cost(optimizer: RoutedOptimizer, shape: tuple[int, ...]) -> float:
-    """Per-step update FLOPs of one whole matrix under our optimizer: its registry entry's cost model
-    (``spec.matrix.update_flops``) at the optimizer's defaults."""
-    return spec_named(optimizer.registry_name).matrix.update_flops(shape, optimizer.defaults)
-
-
 def matrix_item(optimizer: RoutedOptimizer, p: Any, key: str, splittable: bool) -> PlanItem:
     """The plan item of one matrix: the update cost of what our optimizer runs (its fused parts, or the whole matrix,
     as its registry entry says), and the split options where the entry allows a split."""

@@ -42,7 +42,7 @@ def stack_problems(versions: Mapping[str, str | None]) -> list[StackProblem]:
     mcore, eo, nemo = (None if versions.get(d) is None else release_numbers(versions[d])
                        for d in CHECKED_DISTRIBUTIONS)
     problems: list[StackProblem] = []
-    eo_016 = "install the emerging-optimizers release Megatron-Core 0.16 documents (0.1.x, git tag v0.1.0)"
+    eo_for_core_016 = "install the emerging-optimizers release Megatron-Core 0.16 documents (0.1.x, git tag v0.1.0)"
     if mcore is not None and mcore[:2] == (0, 16):
         if eo is not None and eo[:2] >= (0, 2):
             problems.append(StackProblem(
@@ -52,12 +52,12 @@ def stack_problems(versions: Mapping[str, str | None]) -> list[StackProblem]:
                 "OrthogonalizedOptimizer, whose keyword is nesterov= since emerging-optimizers 0.2 (TypeError when "
                 "the optimizer is built)",
                 f"use optimizer.engine=nemo_muon (nemo-muon's Muon inside Megatron's layer-wise optimizer), or "
-                f"{eo_016}, or use a Megatron-Core >= 0.18 stack (NGC 26.06)", engine="megatron"))
+                f"{eo_for_core_016}, or use a Megatron-Core >= 0.18 stack (NGC 26.06)", engine="megatron"))
         if eo is None:
             problems.append(StackProblem(
                 "mcore016-muon-no-emerging-optimizers", "muon",
                 f"megatron-core {versions[MCORE]}'s Muon needs emerging-optimizers, which is not installed",
-                f"use optimizer.engine=nemo_muon, or {eo_016}", engine="megatron"))
+                f"use optimizer.engine=nemo_muon, or {eo_for_core_016}", engine="megatron"))
     eo_minimum = MINIMUM_VERSIONS[EMERGING_OPTIMIZERS]
     if eo is not None and eo < release_numbers(eo_minimum):
         problems.append(StackProblem(
