@@ -14,7 +14,7 @@ from nemo_muon.recipes.environment import perf_env
 
 from nemo_muon._validation import check_positive_int
 from nemo_muon.config.limits import GPUS_PER_NODE
-from nemo_muon.config.optimizer import OptimizerConfig
+from nemo_muon.config.optimizer import BaseOptimizerConfig
 from nemo_muon.config.recipe import (
     CheckpointConfig,
     DataConfig,
@@ -40,7 +40,7 @@ BRIDGE_MUON_NS_PRECISION = "bf16"
 """Bridge's `muon_fp32_matmul_prec="medium"` (bf16 matmuls inside NS) for GPU speed."""
 
 
-def bridge_optimizer(optimizer: str, model: str) -> OptimizerConfig:
+def bridge_optimizer(optimizer: str, model: str) -> BaseOptimizerConfig:
     """The optimizer section of a perf recipe: Bridge's settings, with our fixes (momentum 0.95, TP mode
     duplicated, weight decay as set)."""
     spec = spec_named(optimizer)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from nemo_muon.recipes import recipe
 
-from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, OptimizerConfig, SoapConfig
+from nemo_muon.config.optimizer import AdamWConfig, BaseOptimizerConfig, MuonConfig, SoapConfig
 from nemo_muon.config.recipe import (
     CheckpointConfig,
     DataConfig,
@@ -30,7 +30,7 @@ models (final val loss, 150 steps; bench/results/train_cpu.md); Muon takes it un
 TINY_WEIGHT_DECAY = 0.1
 
 
-def _tiny_base(name: str, model: ModelSpec, optimizer: OptimizerConfig) -> TrainingRecipe:
+def _tiny_base(name: str, model: ModelSpec, optimizer: BaseOptimizerConfig) -> TrainingRecipe:
     return TrainingRecipe(
         name=name,
         model=model,

@@ -55,7 +55,7 @@ class BridgeGeneration:
     minor: Minor
     releases: str
     base_container: str | None
-    """``(recipe) -> (ConfigContainer, perf knobs or None)``: the container a recipe starts from; None: this Bridge
+    """``(recipe) -> ConfigContainer``: the container a recipe starts from (ours are set on top); None: this Bridge
     keeps its perf configs outside the wheel, so its recipes are refused (`refusal` says why)."""
     engine_entry: str
     """How engine 'nemo_muon' enters Bridge's optimizer setup: ``"hook"`` (`install_engine` before ``pretrain``) or

@@ -111,19 +111,15 @@ class DeliberateDifference:
     why: str
 
 
-def bridge_field_overrides(recipe: TrainingRecipe, *, base_fields: dict[str, dict[str, Any]] | None = None,
-                           cost_layout: bool = False) -> dict[str, dict[str, Any]]:
-    """ConfigContainer section -> {field: value} set on top of the Bridge base (optimizer excluded).
-
-    ``base_fields``: what the generation's base sets field by field first (Bridge 0.3: its perf scripts' fields,
-    `nemo_muon.megatron.bridge_03.library_recipe.perf_script_fields`); ours win over them only where listed in
-    that generation's deliberate differences. ``cost_layout``: DDP on the reduce-scatter layout owned by update cost
-    (`routes_cost_layout`).
+def bridge_field_overrides(recipe: TrainingRecipe, *, cost_layout: bool = False) -> dict[str, dict[str, Any]]:
+    """ConfigContainer section -> {field: value} set on top of the generation's base container (optimizer excluded):
+    where ours differ from what the base set, the field is in that generation's deliberate differences.
+    ``cost_layout``: DDP on the reduce-scatter layout owned by update cost (`routes_cost_layout`).
     """
     check_supported(recipe)
     par, tr, sch, opt = recipe.parallelism, recipe.trainer, recipe.scheduler, recipe.optimizer
     is_adam = spec_for(opt).matrix is None  # element-wise: Megatron's distributed optimizer
-    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (base_fields or {}).items()}
+    out: dict[str, dict[str, Any]] = {}
 
     def merge(section: str, values: dict[str, Any]) -> None:
         out.setdefault(section, {}).update(values)
@@ -182,7 +178,7 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, base_fields: dict[str, dic
     return out
 
 
-def _set_fields(container: Any, overrides: dict[str, dict[str, Any]]) -> None:
+def set_fields(container: Any, overrides: dict[str, dict[str, Any]]) -> None:
     for section_name, values in overrides.items():
         section = getattr(container, section_name, None)
         if section is None:
@@ -218,14 +214,10 @@ def config_container(recipe: TrainingRecipe) -> Any:
     # the rule every entry point applies before launch: Bridge 0.4 / 0.5 refused, hf_config required from 0.4
     check_recipe_bridge(recipe, importlib.metadata.version("megatron-bridge"), where="the installed stack")
     check_supported(recipe)
-    container, base_fields = entry(installed_bridge_generation().base_container)(recipe)
+    container = entry(installed_bridge_generation().base_container)(recipe)
     container.optimizer = bridge_optimizer_config(recipe.optimizer, bridge_optimizer_spec(recipe))
-    overrides = bridge_field_overrides(recipe, base_fields=base_fields, cost_layout=routes_cost_layout(recipe.optimizer))
-    if container.comm_overlap is None and "comm_overlap" in overrides:  # Qwen's library recipe leaves it None
-        from megatron.bridge.training.comm_overlap import CommOverlapConfig
-
-        container.comm_overlap = CommOverlapConfig(**overrides.pop("comm_overlap"))
-    _set_fields(container, overrides)
+    overrides = bridge_field_overrides(recipe, cost_layout=routes_cost_layout(recipe.optimizer))
+    set_fields(container, overrides)
     if getattr(container.model, "cuda_graph_impl", None) == FULL_ITERATION_GRAPH:
         # Bridge refuses the loss's NaN check inside a full-iteration CUDA graph (Bridge 0.6's Qwen3 MXFP8 recipes);
         # DDP's gradient check (ddp.check_for_nan_in_grad) still stops a diverged run at the step it diverges

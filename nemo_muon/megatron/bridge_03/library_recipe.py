@@ -15,7 +15,7 @@ import importlib
 from typing import Any
 
 from nemo_muon.config.recipe import TrainingRecipe
-from nemo_muon.megatron.bridge.container import DeliberateDifference, check_supported, parallel_sizes
+from nemo_muon.megatron.bridge.container import DeliberateDifference, check_supported, parallel_sizes, set_fields
 from nemo_muon.megatron.bridge.perf_presets import BRIDGE_PERF_LAYOUTS
 from nemo_muon.registry import spec_for
 
@@ -153,10 +153,11 @@ def perf_script_fields(recipe: TrainingRecipe, knobs: Any) -> dict[str, dict[str
     return out
 
 
-def library_recipe_container(recipe: TrainingRecipe) -> tuple[Any, dict[str, dict[str, Any]] | None]:
+def library_recipe_container(recipe: TrainingRecipe) -> Any:
     """This generation's base (`nemo_muon.megatron.generations.BridgeGeneration.base_container`): Bridge 0.3's
-    library recipe of the model family (`BRIDGE_BASE_RECIPES`) with `bridge_recipe_kwargs`, and, for a recipe on a
-    perf preset's (model, GPU), its perf scripts' fields (`perf_script_fields`) to set before ours."""
+    library recipe of the model family (`BRIDGE_BASE_RECIPES`) with `bridge_recipe_kwargs` and, for a recipe on a
+    perf preset's (model, GPU), its perf scripts' fields (`perf_script_fields`) set field by field; ours are set on
+    top (`nemo_muon.megatron.bridge.container.bridge_field_overrides`)."""
     from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 
     module_name, fn_name = BRIDGE_BASE_RECIPES[recipe.model.name].split(":")
@@ -164,11 +165,11 @@ def library_recipe_container(recipe: TrainingRecipe) -> tuple[Any, dict[str, dic
     kwargs["precision_config"] = get_mixed_precision_config(kwargs["precision_config"])
     container = getattr(importlib.import_module(module_name), fn_name)(**kwargs)
     knobs = BRIDGE_PERF_LAYOUTS.get((recipe.model.name, recipe.system.gpu))
-    if knobs is None:
-        return container, None
-    fields = perf_script_fields(recipe, knobs)
-    if container.comm_overlap is None and "comm_overlap" in fields:  # Qwen's library recipe leaves it None
-        from megatron.bridge.training.comm_overlap import CommOverlapConfig
+    if knobs is not None:
+        fields = perf_script_fields(recipe, knobs)
+        if container.comm_overlap is None and "comm_overlap" in fields:  # Qwen's library recipe leaves it None
+            from megatron.bridge.training.comm_overlap import CommOverlapConfig
 
-        container.comm_overlap = CommOverlapConfig(**fields.pop("comm_overlap"))
-    return container, fields
+            container.comm_overlap = CommOverlapConfig(**fields.pop("comm_overlap"))
+        set_fields(container, fields)
+    return container

@@ -138,14 +138,18 @@ def engine_kwargs(ours: BaseOptimizerConfig, config: Any, model_chunks: list[Any
     return kwargs
 
 
+def megatron_nodes(optimizer: Any) -> Iterator[Any]:
+    """``optimizer`` and every optimizer chained inside it (Megatron's chained / layer-wise optimizers), depth first:
+    the one walk over Megatron's chained optimizers."""
+    yield optimizer
+    for sub in getattr(optimizer, "chained_optimizers", ()):
+        yield from megatron_nodes(sub)
+
+
 def megatron_leaves(optimizer: Any) -> Iterator[Any]:
-    """Every leaf of a (chained / layer-wise) Megatron optimizer, depth first: the wrappers (``Float16Optimizer...``,
-    ``FP32Optimizer``) around one torch optimizer each. The one walk over Megatron's chained optimizers."""
-    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if sub is not optimizer and hasattr(sub, "chained_optimizers"):
-            yield from megatron_leaves(sub)
-        else:
-            yield sub
+    """The leaves of `megatron_nodes`: the wrappers (``Float16Optimizer...``, ``FP32Optimizer``) around one torch
+    optimizer each."""
+    return (node for node in megatron_nodes(optimizer) if not hasattr(node, "chained_optimizers"))
 
 
 def ours_in(optimizer: Any, kind: type = RoutedOptimizer) -> Iterator[tuple[Any, Any]]:
@@ -163,8 +167,9 @@ def finish_wrapping(optimizer: Any) -> int:
 
     Walks the (chained / layer-wise) Megatron optimizer; returns how many of ours were found (0 = none).
     """
-    if hasattr(optimizer, "save_state_dict_to_file"):  # Megatron's layer-wise optimizer
-        guard_layer_wise_file(optimizer)
+    for node in megatron_nodes(optimizer):
+        if hasattr(node, "save_state_dict_to_file"):  # Megatron's layer-wise optimizer, wherever it is chained
+            guard_layer_wise_file(node)
     found = 0
     for wrapper, raw in ours_in(optimizer, _OnMegatronParams):
         found += 1
