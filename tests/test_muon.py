@@ -295,9 +295,9 @@ def test_param_group_overrides_are_validated() -> None:
     w = torch.nn.Parameter(torch.randn(3, 3))
     with pytest.raises(ValueError, match=r"param_groups\[0\]: muon.momentum must be a number in"):
         Muon([{"params": [w], "momentum": 1.5}], lr=1e-3)
-    opt = Muon([{"params": [w], "ns_steps": 3}], lr=1e-3)
+    opt = Muon([{"params": [("w", w)], "ns_steps": 3}], lr=1e-3)
     with pytest.raises(ValueError, match=r"param_groups\[1\]: muon.coefficients must be one of"):
-        opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(2, 2))], "coefficients": "cubic"})
+        opt.add_param_group({"params": [("v", torch.nn.Parameter(torch.randn(2, 2)))], "coefficients": "cubic"})
     assert len(opt.param_groups) == 1
 
 

@@ -130,9 +130,10 @@ def test_layout_spec_dicts_and_disabling() -> None:
 def test_overrides_and_plain_tensors() -> None:
     emb = torch.nn.Parameter(torch.randn(10, 4))
     w = torch.nn.Parameter(torch.randn(4, 4))
-    opt = Muon([emb, w], lr=1e-3)  # unnamed: shape rule only
-    assert opt.route_of(emb).algorithm == MATRIX
-    opt = Muon([{"params": [emb], "algorithm": "adamw"}, {"params": [w]}], lr=1e-3)
+    with pytest.raises(ValueError, match=r"parameter 'param_groups\[0\]\.params\[0\]' with shape \(10, 4\) has no "
+                       r"name.*pass the model itself \(Muon\(model, \.\.\.\)\) or model\.named_parameters\(\)"):
+        Muon([emb, w], lr=1e-3)  # plain tensors (model.parameters()): refused with the fix
+    opt = Muon([{"params": [emb], "algorithm": "adamw"}, {"params": [w], "algorithm": "matrix"}], lr=1e-3)
     assert opt.route_of(emb).algorithm == ADAMW and opt.route_of(w).algorithm == MATRIX
     opt = Muon([("x.router.weight", w)], lr=1e-3, matrix_rule=lambda n, s: "adamw" if "router" in n else None)
     assert opt.route_of(w).algorithm == ADAMW
