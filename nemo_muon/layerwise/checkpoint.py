@@ -42,7 +42,7 @@ from nemo_muon._validation import check_positive_int, shown
 from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 
 FORMAT = "nemo_muon.layerwise.checkpoint/1"
-_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+_STEP_DIR = re.compile(r"step_([0-9]{8,20})\Z", re.ASCII)
 
 
 class CheckpointError(RuntimeError):
@@ -103,8 +103,8 @@ def plain_data_problem(obj: Any, where: str = "extra") -> str | None:
     if kind in (dict, OrderedDict):
         for k, v in obj.items():
             if type(k) not in (str, int):
-                return f"{where} has a key of type {type(k).__qualname__} ({k!r})"
-            if (problem := plain_data_problem(v, f"{where}[{k!r}]")) is not None:
+                return f"{where} has a key of type {type(k).__qualname__} ({shown(k)})"
+            if (problem := plain_data_problem(v, f"{where}[{shown(k)}]")) is not None:
                 return problem
         return None
     for i, v in enumerate(obj):
@@ -240,7 +240,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{path}: manifest.json must hold a JSON object; got {type(manifest).__name__}; {fix}")
     if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{mf}: format must be {FORMAT!r}; got {manifest.get('format')!r}; {fix}")
+        raise CheckpointError(f"{mf}: format must be {FORMAT!r}; got {shown(manifest.get('format'))}; {fix}")
     bad = [f"{k} ({kind.__name__} expected)" for k, kind in _MANIFEST_KEYS.items()
            if not isinstance(manifest.get(k), kind)]
     if bad:
@@ -287,7 +287,7 @@ def _load_verified(path: Path, name: str, manifest: dict[str, Any]) -> Any:
     try:
         return torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e), re.ASCII)
         what = f" (it refers to {found.group(1)})" if found else ""
         raise CheckpointError(f"checkpoint file {f} holds more than tensors and plain containers{what}: refused "
                               "without unpickling it (a nemo_muon checkpoint is data only; this file was not "
