@@ -270,6 +270,11 @@ def _truncated(mf: Path) -> None:
     (_truncated, "manifest.json is not valid JSON"),
     (lambda mf: mf.write_text("[1, 2]"), "manifest.json must hold a JSON object; got list"),
     (lambda mf: mf.write_text(json.dumps({"format": FORMAT})), r"manifest.json lacks or mangles \['step \(int"),
+    # hostile manifests (issue 35): a RecursionError and an integer-conversion ValueError before
+    (lambda mf: mf.write_text("[" * 100_000 + "]" * 100_000), "manifest.json is not valid JSON .*nested at most 100"),
+    (lambda mf: mf.write_text(mf.read_text().replace('"step": 2', '"step": ' + "9" * 5000)),
+     "manifest.json is not valid JSON .*integers of at most 40 digits"),
+    (lambda mf: (mf.unlink(), os.mkfifo(mf)), "manifest.json must be a regular file; got .*, a FIFO"),
 ])
 def test_a_damaged_manifest_is_refused_never_skipped(tmp_path: Path, damage: Any, message: str) -> None:
     model, opt, _ = _fresh(tmp_path)

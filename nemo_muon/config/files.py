@@ -31,6 +31,9 @@ from nemo_muon._validation import shown
 MAX_JSON_DIGITS = 40
 """Longest integer a JSON file we read may hold (digits): steps, sizes and offsets have at most 20; longer ones
 (``10**400``, 5000 digits) are refused instead of reaching float conversions or Python's 4300-digit limit."""
+MAX_JSON_DEPTH = 100
+"""Deepest nesting of lists and objects a JSON file we read may have (ours use 4): deeper ones would reach Python's
+recursion limit in whatever compares or prints them next."""
 _READ_CHUNK = 1 << 20
 
 
@@ -98,17 +101,35 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether lists / objects nest deeper than ``limit`` in ``value`` (iterative: any depth is measured)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 def load_json(text: str, *, what: str) -> Any:
-    """``text`` parsed as JSON, integers of at most `MAX_JSON_DIGITS` digits and nesting within Python's recursion
-    limit; ValueError naming ``what`` for anything else (never a RecursionError or an integer-conversion error)."""
+    """``text`` parsed as JSON, integers of at most `MAX_JSON_DIGITS` digits, nesting at most `MAX_JSON_DEPTH`;
+    ValueError naming ``what`` for anything else (never a RecursionError or an integer-conversion error)."""
     try:
-        return json.loads(text, parse_int=_bounded_int)
+        value = json.loads(text, parse_int=_bounded_int)
     except RecursionError:
-        raise ValueError(f"{what} must be JSON nested a few levels deep; got nesting too deep to parse") from None
+        raise ValueError(f"{what} must be JSON nested at most {MAX_JSON_DEPTH} levels deep; got nesting too deep to "
+                         "parse") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{what} must be valid JSON; got {e.msg} at line {e.lineno}, column {e.colno}") from None
     except ValueError as e:
         raise ValueError(f"{what} must be JSON with {e}") from None
+    if _too_deep(value, MAX_JSON_DEPTH):
+        raise ValueError(f"{what} must be JSON nested at most {MAX_JSON_DEPTH} levels deep; got deeper nesting")
+    return value
 
 
 def make_folder(path: str | os.PathLike[str], *, what: str) -> Path:

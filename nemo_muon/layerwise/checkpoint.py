@@ -39,9 +39,12 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import check_positive_int, shown
+from nemo_muon.config.files import load_json, read_text
 from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 
 FORMAT = "nemo_muon.layerwise.checkpoint/1"
+MAX_MANIFEST_BYTES = 1 << 30
+"""Largest manifest.json read (a digest per parameter and per state tensor: MBs for the largest models)."""
 _STEP_DIR = re.compile(r"step_([0-9]{8,20})\Z", re.ASCII)
 
 
@@ -229,14 +232,20 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     mf = path / "manifest.json"
     fix = (f"move the folder {path} aside (resume then starts from the previous checkpoint) or restore its "
            "manifest.json")
-    if not mf.is_file():
+    if not (mf.exists() or mf.is_symlink()):
         raise CheckpointError(f"{path} is not a complete checkpoint: manifest.json is missing (a save writes it "
                               f"before the folder gets its step_* name, so the folder was damaged); {fix}")
-    try:
-        manifest = json.loads(mf.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        state = "empty" if mf.stat().st_size == 0 else f"not valid JSON ({e})"
-        raise CheckpointError(f"{path} is not a complete checkpoint: {mf.name} is {state}; {fix}") from None
+    try:  # a bounded regular file (a FIFO or a device is refused by kind)
+        text = read_text(mf, max_bytes=MAX_MANIFEST_BYTES, what=mf.name)
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not a complete checkpoint: {e}; {fix}") from None
+    if not text:
+        raise CheckpointError(f"{path} is not a complete checkpoint: {mf.name} is empty; {fix}")
+    try:  # JSON nested too deeply or holding a 5000-digit number is one error, never a RecursionError
+        manifest = load_json(text, what="its text")
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not a complete checkpoint: {mf.name} is not valid JSON ({e}); {fix}") \
+            from None
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{path}: manifest.json must hold a JSON object; got {type(manifest).__name__}; {fix}")
     if manifest.get("format") != FORMAT:
