@@ -110,7 +110,7 @@ def test_multihead_attention_in_proj_is_three_matrices() -> None:
     model = TinyLM()
     grad = torch.randn_like(model.attn.in_proj_weight)
     before = model.attn.in_proj_weight.detach().clone()
-    opt = Muon(model, lr=0.1, weight_decay=0.0, nesterov=False, momentum=0.0)
+    opt = Muon(model, lr=0.1, weight_decay=0.0, nesterov=False, momentum=0.0, scale_mode="spectral")
     model.attn.in_proj_weight.grad = grad
     opt.step()
     expected = torch.cat([before[i * DIM:(i + 1) * DIM] - 0.1 * newton_schulz(g) * math.sqrt(DIM)
@@ -215,3 +215,15 @@ def test_unnamed_vectors_are_placed_by_shape() -> None:
     assert opt.route_of(bias).algorithm == ADAMW
     w = nn.Parameter(torch.zeros(4, 4))
     assert Muon([w], lr=1e-3, matrix_rule=lambda n, s: "matrix").route_of(w).algorithm == MATRIX
+
+
+@pytest.mark.parametrize(("name", "word"), [
+    ("emb.weight", "emb"), ("model.tok_emb.weight", "tok"), ("head.weight", "head"), ("lm_proj.weight", "lm"),
+    ("pos", "pos"), ("decoder.vocab_proj.weight", "vocab"),
+    ("blocks.0.multihead_attn.in_proj_weight", None), ("bert.encoder.layer.0.attention.output.dense.weight", None),
+    ("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", None), ("model.layers.1.mlp.experts.gate_up_proj", None),
+])
+def test_which_names_hint_at_an_embedding_or_head(name: str, word: str | None) -> None:
+    from nemo_muon.optim.routing import hint_word
+
+    assert hint_word(name) == word

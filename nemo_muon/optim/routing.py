@@ -52,7 +52,8 @@ FUSED_QKV_SEGMENTS: frozenset[str] = frozenset({"linear_qkv", "qkv_proj", "query
 IN_PROJ_SEGMENT = "in_proj_weight"
 """torch's fused [q; k; v] attribute (``nn.MultiheadAttention``, (3E, E)): split in three equal parts by name alone."""
 HINT_WORDS: frozenset[str] = frozenset({"emb", "embed", "embeds", "embedding", "embeddings", "head", "heads", "lm",
-                                        "logit", "logits", "vocab", "unembed", "unembedding", "tok", "token", "tokens"})
+                                        "logit", "logits", "vocab", "unembed", "unembedding", "tok", "token", "tokens",
+                                        "pos", "position", "positional"})
 """Words (``_``-separated, in any segment) that make a name hint at an embedding or an output head; a 2-D / 3-D
 parameter with one that the rule sends to the matrix update is reported as unsure. Not ``output``: BERT's hidden
 ``attention.output.dense`` would be flagged."""
