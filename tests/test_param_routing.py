@@ -87,7 +87,7 @@ def test_muon_step_on_hf_moe_model_updates_every_param() -> None:
     torch.manual_seed(0)
     model = _qwen3_moe()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = Muon(model.named_parameters(), lr=1e-2, weight_decay=0.0)
+    opt = Muon(model.named_parameters(), lr=1e-2, weight_decay=0.0, scale_mode="spectral")
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     opt.step()

@@ -6,8 +6,8 @@ Per matrix-routed parameter (decoupled weight decay first, as in torch.optim.Ada
         O = NS(P) * scale(out, in) * extra_scale_factor
     p <- p·(1 - lr·wd) - lr·O
 Scale modes, with (out, in) the part's *global* shape (local shard shape in blockwise TP mode):
-spectral sqrt(max(out, in)); shape_scaling sqrt(max(1, out/in)); unit_rms_norm sqrt(out/in);
-match_rms_adamw 0.2·sqrt(max(out, in)).
+match_rms_adamw 0.2·sqrt(max(out, in)) (the default, `MuonConfig.scale_mode`: AdamW's lr carries over);
+spectral sqrt(max(out, in)) (Megatron's); shape_scaling sqrt(max(1, out/in)); unit_rms_norm sqrt(out/in).
 Tensor parallelism: with ``tp_group`` set, a parameter with ``tensor_model_parallel=True`` and ``partition_dim``
 attributes (Megatron's convention) is a shard; its NS runs in ``tp_mode`` (see ``nemo_muon.optim.ns_iteration``), all
 matrices of one step together so distributed-mode collectives are fused.
