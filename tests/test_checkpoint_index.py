@@ -5,11 +5,13 @@ refusal one line naming the file, before Megatron opens the folder (`nemo_muon.m
 The allow-list is what PyTorch DCP and Megatron-Core's torch_dist strategy write: a Megatron-Core 0.16 save of
 ShardedTensors (float32, bfloat16) and a ShardedObject names exactly DCP's metadata dataclasses, ``_StorageInfo``,
 ``torch.Size``, two dtypes and ``torch.serialization._get_layout``; DCP's own save adds ``pathlib.PosixPath``
-(its checkpoint id). The first test writes a real index with DCP and reads it back.
+(its checkpoint id); Megatron-Core 0.19's decentralized save also keeps every rank's SavePlan in it. The first test
+writes a real index with DCP and reads it back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import sys
@@ -19,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import _StoragePrefix
 from torch.distributed.checkpoint.metadata import Metadata
 
 from nemo_muon.layerwise.checkpoint import CheckpointError
@@ -95,6 +99,17 @@ def test_megatrons_empty_legacy_classes_are_read_as_placeholders(saved: Path, mo
     (saved / INDEX_FILE).write_bytes(pickle.dumps(metadata))
     monkeypatch.delitem(sys.modules, name)
     check_checkpoint_files(saved)
+
+
+def test_megatrons_decentralized_save_plans_in_the_index_are_read(saved: Path) -> None:
+    """Megatron-Core 0.19's decentralized save stores every rank's SavePlan in the index (``all_local_plans``)."""
+    metadata = pickle.loads((saved / INDEX_FILE).read_bytes())
+    planner = DefaultSavePlanner()
+    planner.set_up_planner({"w": torch.randn(4, 3), "step": 5}, is_coordinator=True)
+    plan = dataclasses.replace(planner.create_local_plan(), storage_data=_StoragePrefix("__0_"))
+    metadata.all_local_plans = [plan]
+    (saved / INDEX_FILE).write_bytes(pickle.dumps(metadata))
+    assert read_index(saved).all_local_plans == [plan]
 
 
 def test_an_index_naming_a_file_outside_its_folder_is_refused(saved: Path) -> None:

@@ -11,8 +11,9 @@ A file of the right length with flipped bytes is found only by a hash (Megatron-
 The index is a pickle, and ``pickle.load`` (what torch's ``FileSystemReader.read_metadata`` and Megatron run) calls
 whatever a pickle names: a planted ``.metadata`` would run code when a resume reads the folder. It is read here only
 through `IndexUnpickler`, whose ``find_class`` admits the checkpoint library's own classes, by name
-(`INDEX_CLASSES`: PyTorch DCP's metadata dataclasses and ``_StorageInfo``, ``torch.Size``, torch dtypes and layouts,
-paths, and Megatron's two empty legacy classes, read as a placeholder), and refuses anything else naming it, before
+(`INDEX_CLASSES`: PyTorch DCP's metadata dataclasses, ``_StorageInfo``, the save-plan dataclasses Megatron-Core's
+decentralized save keeps in the index, ``torch.Size``, torch dtypes and layouts, paths, and Megatron's two empty
+legacy classes, read as a placeholder), and refuses anything else naming it, before
 Megatron opens the folder. The set is what torch.distributed.checkpoint and Megatron-Core's torch_dist strategy
 write (a real index, inspected: tests/test_checkpoint_index.py). The index and the tracker file are read as bounded
 regular files (`nemo_muon.config.files`): a FIFO or a device is refused by kind, and the tracker's iteration must be
@@ -48,7 +49,10 @@ INDEX_CLASSES: tuple[tuple[str, str], ...] = (
     *(("torch.distributed.checkpoint.metadata", name) for name in (
         "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
         "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"),
+    # Megatron-Core's decentralized save keeps every rank's plan in the index (Metadata.all_local_plans)
+    *(("torch.distributed.checkpoint.planner", name) for name in (
+        "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData")),
     ("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties"),  # indexes written by older torch
     ("torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING"),
     ("torch", "Size"), ("torch.serialization", "_get_layout"),
