@@ -173,7 +173,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, model: torch.nn.Mod
     final, tmp = step_dir(root, step), root / f".tmp_step_{step:08d}"
     optimizer.finish_param_gather()
     shard = optimizer.state_dict()
-    checks = _gather_objects((final.exists(), plain_data_problem(dict(extra or {})),
+    checks = _gather_objects((final.exists() or final.is_symlink(), plain_data_problem(dict(extra or {})),
                               plain_data_problem(shard, f"optimizer state of rank {rank}")), group)
     exists, problem = checks[0][0], checks[0][1]  # rank 0's extra is the one written; every rank raises together
     if problem is not None:
@@ -187,7 +187,9 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, model: torch.nn.Mod
                               "(choose another step or root, or delete it yourself)")
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by a save that was killed midway
+        if tmp.is_symlink():  # planted: the link goes, never what it points to
+            tmp.unlink()
+        elif tmp.exists():  # left by a save that was killed midway
             shutil.rmtree(tmp)
         tmp.mkdir()
     _barrier(group)
