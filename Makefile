@@ -48,7 +48,7 @@ export UV_CACHE_DIR := $(CURDIR)/.cache/uv
 export UV_LINK_MODE := hardlink
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: demo test test-main test-stack test-newest test-unit system-deps lint venv stack-venv newest-venv bench clean-venv
+.PHONY: demo test test-avx2 test-main test-stack test-newest test-unit system-deps lint venv stack-venv newest-venv bench clean-venv
 
 venv: $(STAMP)
 
@@ -107,6 +107,11 @@ test-newest: newest-venv
 	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS) \
 	  --ignore=$(NEWEST_TESTS)/test_bridge_recipes_refused.py
 	for r in $(MID_RELEASES); do OMP_NUM_THREADS=1 .venv-ngc-$$r/bin/python -m pytest $(MID_TESTS) || exit 1; done
+
+# The whole suite as an AVX2-only x86-64 CPU (AMD EPYC) computes: ATen, oneDNN and MKL kernels limited to AVX2
+# (docs/testing.md, "Other CPUs"). Not part of `make test`: it runs the same tests a second time.
+test-avx2:
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(MAKE) test
 
 bench: venv
 	$(PY) bench/ns.py

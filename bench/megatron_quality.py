@@ -45,7 +45,9 @@ def main() -> None:
     steps = args.steps or tr.max_steps
     data = build_token_data(muon_recipe.data, vocab_size=muon_recipe.model.vocab_size, seq_length=tr.seq_length,
                             seed=tr.seed, cache_dir=args.cache)
-    muon = dataclasses.replace(muon_recipe.optimizer, **MEGATRON_MUON_DEFAULTS)  # Megatron fuses gate/up; raise
+    # Megatron fuses gate/up; raise; the tiny recipe's own scale mode (match_rms_adamw), not the perf recipes'
+    muon = dataclasses.replace(muon_recipe.optimizer,
+                               **{**MEGATRON_MUON_DEFAULTS, "scale_mode": muon_recipe.optimizer.scale_mode})
     runs = {"muon": muon, "adamw": adamw_recipe.optimizer}
     print(f"megatron-core {importlib.metadata.version('megatron-core')}, {muon_recipe.model.name}, {steps} steps, "
           f"2 gloo ranks, GBS {tr.global_batch_size} x seq {tr.seq_length}, {data.num_train} train / {data.num_val} "

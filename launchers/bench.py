@@ -11,6 +11,8 @@ import click
 from nemo_muon.launchers.job import LaunchError, build_plan
 from nemo_muon.launchers.launch import execute, launch_options, options_from_cli, usage_error
 
+from nemo_muon._validation import shown
+from nemo_muon.registry import names as optimizer_names
 from nemo_muon.registry import specs
 from nemo_muon.secret_policy import mask_text, secret_values
 
@@ -22,13 +24,19 @@ def _matrix_optimizer_names() -> list[str]:
 
 def baseline_name(recipe: str, compare: str) -> str:
     """'kimi_k2_muon_bf16' + 'adamw' -> 'kimi_k2_adamw_bf16': the matrix optimizer's name, a whole token of the
-    recipe name, swapped ('tiny_kimi_k2_normuon' -> 'tiny_kimi_k2_adamw')."""
+    recipe name, swapped ('tiny_kimi_k2_normuon' -> 'tiny_kimi_k2_adamw'). ``compare`` is a registered optimizer
+    name other than the recipe's own, inserted as text (never a regular-expression template)."""
     names = _matrix_optimizer_names()
-    token = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, names)) + r")(?![A-Za-z0-9])")
-    if not token.search(recipe):
+    token = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, names)) + r")(?![A-Za-z0-9])", re.ASCII)
+    found = token.search(recipe)
+    if found is None:
         raise LaunchError(f"--recipe must name a recipe of a matrix optimizer (its name contains one of {names} "
-                          f"as a token); got {recipe!r}")
-    return token.sub(compare, recipe, count=1)
+                          f"as a token); got {shown(recipe)}")
+    if compare not in optimizer_names() or compare == found.group(1):
+        others = tuple(n for n in optimizer_names() if n != found.group(1))
+        raise LaunchError(f"--compare must be one of {others} (another optimizer than the recipe's "
+                          f"{found.group(1)!r}); got {shown(compare)}")
+    return recipe[:found.start()] + compare + recipe[found.end():]
 
 
 @click.command("bench")
@@ -75,7 +83,7 @@ def bench(recipe: str, executor: str | None, cluster: str | None, profiles: str 
             opts.dependency = f"afterany:{r1.job_id}"
             second = build_plan(opts)
         results.append(execute(second, wait=wait, progress=not as_json))
-    except LaunchError as e:
+    except (LaunchError, ValueError) as e:
         raise usage_error(e, env) from None
     except (RuntimeError, TimeoutError, OSError) as e:
         raise click.ClickException(mask_text(str(e), secret_values(os.environ, env))) from None
@@ -85,7 +93,10 @@ def bench(recipe: str, executor: str | None, cluster: str | None, profiles: str 
         from nemo_muon.reporting import analyze, load_run, text_table, write_report_for
 
         runs = [load_run(p.run_dir) for p in plans]
-        md = write_report_for(runs, out)
+        try:
+            md = write_report_for(runs, out)
+        except (ValueError, OSError) as e:
+            raise click.UsageError(str(e)) from None
         summaries, pairs = analyze(runs)
         summary["report"] = str(md)
         if not as_json:

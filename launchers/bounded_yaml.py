@@ -17,6 +17,8 @@ import yaml
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from nemo_muon.config.files import read_file
+
 MAX_BYTES = 256 * 1024
 """Largest file read (a profiles file with dozens of clusters is a few KB; the cap bounds parse time to ~1 s)."""
 MAX_DEPTH = 16
@@ -96,14 +98,10 @@ def _yaml_message(e: yaml.YAMLError) -> str:
 def load_yaml_file(path: Path, *, max_bytes: int = MAX_BYTES) -> Any:
     """The one YAML document in ``path`` (None for an empty file), within the bounds above; ValueError names the
     file in every failure (missing, unreadable, too large, not UTF-8, not YAML, aliases, duplicates, too deep)."""
-    try:
-        with path.open("rb") as f:
-            data = f.read(max_bytes + 1)
-    except OSError as e:
-        raise ValueError(cut(f"{path}: must be a readable file; got {type(e).__name__}: {e.strerror}",
-                             MAX_MESSAGE)) from None
-    if len(data) > max_bytes:
-        raise ValueError(cut(f"{path}: must be at most {max_bytes} bytes; got a larger file", MAX_MESSAGE))
+    try:  # a regular file only (a FIFO or a device is refused before it is opened), at most max_bytes
+        data = read_file(path, max_bytes=max_bytes, what=f"{path}:")
+    except ValueError as e:
+        raise ValueError(cut(str(e), MAX_MESSAGE)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

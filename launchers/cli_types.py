@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from nemo_muon._validation import shown
+
 
 class FinitePositive(click.ParamType):
     """A finite number > 0 (click's FloatRange lets ``inf`` and ``nan`` through)."""
@@ -20,7 +22,7 @@ class FinitePositive(click.ParamType):
         except (TypeError, ValueError, OverflowError):
             number = math.nan
         if not (math.isfinite(number) and number > 0):
-            self.fail(f"must be a finite number > 0; got {value!r}", param, ctx)
+            self.fail(f"must be a finite number > 0; got {shown(value)}", param, ctx)
         return number
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from nemo_muon._validation import shown
 from nemo_muon.config.limits import ENV_NAME
 
 NGC_RUN_FLAGS: tuple[str, ...] = ("--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864")
@@ -20,7 +21,7 @@ def docker_argv(*, image: str, command: Sequence[str], mounts: Sequence[str] = (
                 name: str | None = None, host_network: bool = False) -> list[str]:
     """The full ``docker run`` argv (run it with subprocess, no shell)."""
     if not image or image.startswith("-"):
-        raise ValueError(f"docker image must be an image reference such as nvcr.io/nvidia/nemo:26.02; got {image!r}")
+        raise ValueError(f"docker image must be an image reference such as nvcr.io/nvidia/nemo:26.02; got {shown(image)}")
     argv = ["docker", "run", "--rm"]
     if name:
         argv += ["--name", name]
@@ -33,11 +34,11 @@ def docker_argv(*, image: str, command: Sequence[str], mounts: Sequence[str] = (
         argv += ["-v", m]
     for k, v in (env or {}).items():
         if not ENV_NAME.match(k):
-            raise ValueError(f"environment variable name must match [A-Za-z_][A-Za-z0-9_]*; got {k!r}")
+            raise ValueError(f"environment variable name must match [A-Za-z_][A-Za-z0-9_]*; got {shown(k)}")
         argv += ["-e", f"{k}={v}"]
     for k in forwarded_env:
         if not ENV_NAME.match(k):
-            raise ValueError(f"environment variable name must match [A-Za-z_][A-Za-z0-9_]*; got {k!r}")
+            raise ValueError(f"environment variable name must match [A-Za-z_][A-Za-z0-9_]*; got {shown(k)}")
         argv += ["-e", k]
     if workdir:
         argv += ["-w", workdir]

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from nemo_muon._validation import shown
 from nemo_muon.accounting.ns_choice import SYRK_CAPABILITIES
 from nemo_muon.secret_policy import MASK, is_secret
 
@@ -215,7 +216,7 @@ def doctor(recipe: str | None, as_json: bool) -> None:
         from nemo_muon.recipes import get_recipe, list_recipes
 
         if recipe not in list_recipes():
-            raise click.UsageError(f"--recipe must be one of {tuple(list_recipes())}; got {recipe!r}")
+            raise click.UsageError(f"--recipe must be one of {tuple(list_recipes())}; got {shown(recipe)}")
         recipe_env = get_recipe(recipe).env
     facts = collect_facts()
     checks = judge(facts, release, recipe_env=recipe_env)

@@ -21,7 +21,8 @@ from nemo_muon.launchers.run_recipe import LAUNCH_ENV_VAR
 from nemo_muon.launchers.slurm import SlurmJob, render_sbatch, sbatch_argv
 from nemo_muon.recipes.resolved import document_path, to_document
 
-from nemo_muon.secret_policy import MASK, split_secrets
+from nemo_muon._validation import shown
+from nemo_muon.secret_policy import MASK, is_secret_value, split_secrets
 
 ENTRY_MODULE = "nemo_muon.launchers.run_recipe"
 TORCHRUN_MODULE = "nemo_muon.launchers.torchrun"
@@ -130,7 +131,7 @@ def _resolve_recipe(opts: LaunchOptions, profile: ClusterProfile | None) -> tupl
 
     names = list_recipes()
     if opts.recipe not in names:
-        raise LaunchError(f"--recipe must be one of {tuple(names)}; got {opts.recipe!r}")
+        raise LaunchError(f"--recipe must be one of {tuple(names)}; got {shown(opts.recipe)}")
     base = get_recipe(opts.recipe)
     overrides = list(opts.overrides)
     try:
@@ -160,17 +161,28 @@ def _resolve_recipe(opts: LaunchOptions, profile: ClusterProfile | None) -> tupl
         try:
             recipe = apply_overrides(recipe, [f"logging.root={root}"])
         except ValueError as e:
-            raise LaunchError(f"{e} (logging.root={recipe.logging.root!r} resolved against the current folder)") \
+            raise LaunchError(f"{e} (logging.root={shown(recipe.logging.root)} resolved against the current folder)") \
                 from None
         overrides.append(f"logging.root={root}")
     return recipe, overrides
 
 
 def _next_script_path(run_dir: Path, job_name: str) -> Path:
+    """The first ``<job>-<n>.sbatch`` name not taken by anything, a dangling symbolic link included."""
     n = 1
-    while (run_dir / f"{job_name}-{n}.sbatch").exists():
+    while os.path.lexists(run_dir / f"{job_name}-{n}.sbatch"):
         n += 1
     return run_dir / f"{job_name}-{n}.sbatch"
+
+
+def _refuse_credentials(options: dict[str, str | None]) -> None:
+    """Refuse an option value that carries a credential (``user:password@registry/...``): it would be printed
+    (--dry-run) and written into the script (`secret_policy.is_secret_value`, decided on the parsed value)."""
+    for option, value in options.items():
+        if isinstance(value, str) and is_secret_value(value):
+            raise LaunchError(f"{option}=**** is refused: {option} must not carry a credential (no 'user:password' before an '@', "
+                              "no token); log in to the registry (enroot / docker credentials) and name the image "
+                              "without it")
 
 
 def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> LaunchPlan:
@@ -182,15 +194,18 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
         raise LaunchError(str(e)) from None
     executor = _pick(opts.executor, profile, "executor", "local")
     if executor not in EXECUTORS:
-        raise LaunchError(f"--executor must be one of {EXECUTORS}; got {executor!r}")
+        raise LaunchError(f"--executor must be one of {EXECUTORS}; got {shown(executor)}")
     mounts = [parse_mount(m) for m in [*(profile.mounts if profile else []), *opts.mounts]]
     recipe, overrides = _resolve_recipe(opts, profile)
     run_name = recipe.logging.run_name or recipe.name  # one folder name: the config checks it (limits.RUN_NAME)
     root = Path(recipe.logging.root)
     run_dir = root / run_name
+    if run_dir.is_symlink():  # the run writes into its own folder, never through a link planted there
+        raise LaunchError(f"logging.run_name must name a run folder, not a symbolic link; got {shown(str(run_dir))} "
+                          f"-> {shown(os.readlink(run_dir))}")
     if (run_dir / "metrics.jsonl").exists() and not recipe.checkpoint.resume:
         raise LaunchError(f"logging.run_name must name a new run folder (or set checkpoint.resume=true); "
-                          f"{str(run_dir)!r} already holds metrics.jsonl")
+                          f"{shown(str(run_dir))} already holds metrics.jsonl")
     env_all = {**recipe.env, **(profile.env if profile else {}), **parse_env(opts.env, environ)}
     plain, secrets = split_secrets(env_all)
     if plain or secrets:  # the job records these names (values of secrets masked) in launch.json
@@ -203,6 +218,7 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
     recipe_file = document_path(run_dir, document)
     job_args = ["-m", ENTRY_MODULE, "--recipe-file", str(recipe_file)]
     image = _pick(opts.image, profile, "image")
+    _refuse_credentials({"--image": image, "--account": opts.account, "--partition": opts.partition})
     common = dict(executor=executor, recipe_name=opts.recipe, recipe=recipe, overrides=overrides, run_dir=run_dir,
                   env=plain, secrets=secrets, document=document, recipe_file=recipe_file)
     if executor == "local" and nodes != 1:

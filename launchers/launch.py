@@ -13,6 +13,7 @@ import click
 from nemo_muon.launchers.cli_types import FINITE_POSITIVE
 from nemo_muon.launchers.job import LaunchError, LaunchOptions, LaunchPlan, build_plan
 
+from nemo_muon.config.files import make_folder, write_file
 from nemo_muon.secret_policy import mask_text, secret_values
 
 
@@ -50,14 +51,14 @@ def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = No
             if missing:
                 raise LaunchError(f"a {plan.recipe.system.num_nodes}-node docker run needs {missing} set on each "
                                   "node (PET_NODE_RANK=0..N-1, PET_MASTER_ADDR=<node 0>); got them unset")
-        plan.run_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(plan.run_dir, what="the run folder")
         plan.write_recipe_file()  # what every rank loads (--recipe-file)
         code = subprocess.run(plan.argv, env=plan.process_env(), stdout=None if progress else 2, check=False).returncode
         return LaunchResult(exit_code=code)
     assert plan.script_path is not None
-    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(plan.run_dir, what="the run folder")
     plan.write_recipe_file()  # before the script that names it is submitted
-    plan.script_path.write_text(plan.script, encoding="utf-8")
+    write_file(plan.script_path, plan.script, what="the sbatch script")  # atomic, never through a planted link
     job_id = slurm.submit(plan.script_path, plan.process_env())
     result = LaunchResult(job_id=job_id)
     if not wait:
@@ -71,7 +72,8 @@ def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = No
     if progress:
         click.echo(f"\rslurm job {job_id}: {state:<10}", err=True)
     result.state = state
-    result.exit_code = int(code.split(":")[0]) if code[:1].isdigit() else None
+    exit_text = code.split(":")[0]
+    result.exit_code = int(exit_text) if exit_text.isascii() and exit_text.isdigit() and len(exit_text) <= 3 else None
     return result
 
 
@@ -154,7 +156,7 @@ def launch(recipe: str, executor: str | None, cluster: str | None, profiles: str
         click.echo(plan.describe(), err=True, nl=False)
     try:
         result = execute(plan, wait=wait, timeout_s=wait_timeout, progress=not as_json)
-    except LaunchError as e:
+    except (LaunchError, ValueError) as e:  # ValueError: a file refused (a planted link, a folder that is a file)
         raise usage_error(e, env) from None
     except (RuntimeError, TimeoutError, OSError) as e:
         secrets = [*plan.secrets.values(), *secret_values(os.environ, env)]

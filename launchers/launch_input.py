@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import re
 
+from nemo_muon._validation import shown
 from nemo_muon.config.limits import ENV_NAME
-from nemo_muon.secret_policy import env_value_refusal, is_secret
+from nemo_muon.secret_policy import env_value_refusal, is_secret, shown_redacted
 
-_MOUNT_PART = re.compile(r"^/[^,:\s]*$")
+_MOUNT_PART = re.compile(r"/[^,:\s]*\Z", re.ASCII)
 _MOUNT_FLAGS = ("ro", "rw")
 
 
@@ -25,7 +26,7 @@ def parse_mount(text: str) -> str:
         ok = parts[2] in _MOUNT_FLAGS
     if not ok:
         raise LaunchError(f"--mount must be SRC:DST or SRC:DST:ro|rw with absolute paths (no ',' or spaces); "
-                          f"got {text!r}")
+                          f"got {shown(text)}")
     return text
 
 
@@ -36,9 +37,9 @@ def parse_env(items: list[str], environ: dict[str, str]) -> dict[str, str]:
     for item in items:
         name, sep, value = item.partition("=")
         if not ENV_NAME.match(name):
-            shown = f"{name}=****" if sep and is_secret(name, value) else item
-            raise LaunchError(f"--env must be NAME=value or NAME with NAME matching [A-Za-z_][A-Za-z0-9_]*; "
-                              f"got {shown!r}")
+            given = f"{name}=****" if sep and is_secret(name, value) else item
+            raise LaunchError(f"--env must be NAME=value or NAME with NAME matching [A-Za-z_][A-Za-z0-9_]* (ASCII, "
+                              f"at most 255 characters); got {shown_redacted(given)}")
         if sep and is_secret(name, value):
             raise LaunchError(env_value_refusal(name, "--env "))
         if not sep:

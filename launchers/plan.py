@@ -13,6 +13,7 @@ import click
 from nemo_muon.launchers.bounded_yaml import MAX_MESSAGE, cut, load_yaml_file
 from nemo_muon.launchers.cli_types import FINITE_POSITIVE
 
+from nemo_muon._validation import shown
 from nemo_muon.config.limits import MAX_WORLD_SIZE
 from nemo_muon.registry import spec_named
 
@@ -144,7 +145,7 @@ def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | N
         if gpu_peaks:
             _load_gpu_peaks_file(Path(gpu_peaks))
         if gpu is not None and gpu.lower() not in known_gpus():
-            raise ValueError(f"--gpu must be one of {tuple(known_gpus())} (or add it with --gpu-peaks); got {gpu!r}")
+            raise ValueError(f"--gpu must be one of {tuple(known_gpus())} (or add it with --gpu-peaks); got {shown(gpu)}")
         recipe = build_recipe(recipe_name, list(overrides))  # the one validation launch and --dryrun run
         result = plan_recipe(recipe, gpus, gpu=gpu.lower() if gpu else None, syrk=syrk, step_time_s=step_time,
                              stage_layers=pipeline_layout, model_tflops=model_tflops)

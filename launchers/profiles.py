@@ -49,8 +49,8 @@ DEFAULT_PROFILES_PATH = Path("~/.config/nemo-muon/clusters.yaml")
 MAX_GPUS_PER_NODE = 256
 """Upper bound of gpus_per_node when the profile names no GPU system (training processes per node on gpu=cpu
 recipes; the recipe's own check, system.gpus_per_node, has the same bound)."""
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_IMAGE = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_.:/@#+-]*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
+_IMAGE = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_.:/@#+-]{0,511}", re.ASCII)
 _MOUNT = "'SRC:DST' or 'SRC:DST:ro|rw' with absolute paths (no ',' or whitespace)"
 _STRING_RULES: dict[str, tuple[re.Pattern[str], str]] = {
     "account": (SAFE_VALUE, "a Slurm account of [A-Za-z0-9_.:@+-/] (no spaces or shell characters)"),
@@ -96,7 +96,7 @@ class ClusterProfile:
             if value is not None and (not isinstance(value, str) or not rule.fullmatch(value)):
                 raise self._fail(key, allowed, value)
             if isinstance(value, str) and is_secret_value(value):
-                raise self._fail(key, "free of credentials (no user:password@ in it, no tokens)", value)
+                raise self._fail(key, "free of credentials (no 'user:password' before an '@', no tokens)", value)
         if self.executor is not None and self.executor not in EXECUTORS:
             raise self._fail("executor", f"one of {EXECUTORS}", self.executor)
         if self.system is not None and self.system not in GPUS:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from nemo_muon._validation import shown
+
 
 @click.command("report")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
@@ -29,7 +31,7 @@ def report(paths: tuple[Path, ...], out: Path, recipe: str | None, as_json: bool
         from nemo_muon.recipes import get_recipe, list_recipes
 
         if recipe not in list_recipes():
-            raise click.UsageError(f"--recipe must be one of {tuple(list_recipes())}; got {recipe!r}")
+            raise click.UsageError(f"--recipe must be one of {tuple(list_recipes())}; got {shown(recipe)}")
         recipe_obj = get_recipe(recipe)
     for run in runs:
         chosen = recipe_obj or _recipe_of(run.recipe)
@@ -38,7 +40,10 @@ def report(paths: tuple[Path, ...], out: Path, recipe: str | None, as_json: bool
                 fill_tflops(run, chosen)
             except ValueError as e:
                 raise click.UsageError(f"cannot compute TFLOP/s of {run.name} with recipe {chosen.name}: {e}") from None
-    md = write_report_for(runs, out)
+    try:  # inside --out only, never through a planted link (nemo_muon.config.files)
+        md = write_report_for(runs, out)
+    except (ValueError, OSError) as e:
+        raise click.UsageError(str(e)) from None
     summaries, pairs = analyze(runs)
     if as_json:
         click.echo(json.dumps({"report": str(md), "runs": [s.as_dict() for s in summaries],

@@ -19,7 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nemo_muon.secret_policy import MASK, is_secret
+from nemo_muon.config.files import make_folder, write_file
+from nemo_muon.secret_policy import MASK, is_secret, shown_redacted
 
 LAUNCH_ENV_VAR = "NEMO_MUON_LAUNCH_ENV"
 """Comma-separated names of the variables the launcher set for the job (recorded in launch.json)."""
@@ -76,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.recipe_file is not None:
             if args.overrides:
                 raise ValueError(f"overrides must be empty with --recipe-file (the document is already resolved: "
-                                 f"launch again with them); got {args.overrides!r}")
+                                 f"launch again with them); got {shown_redacted(args.overrides)}")
             document = read_document(args.recipe_file)
             recipe = from_document(document)
             name, overrides = document["source"]["recipe"], document["source"]["overrides"]
@@ -88,9 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if os.environ.get("RANK", "0") == "0":
         run_dir = Path(recipe.logging.root) / (recipe.logging.run_name or recipe.name)
-        run_dir.mkdir(parents=True, exist_ok=True)
         record = launch_record(name, overrides, dict(os.environ), args.recipe_file)
-        (run_dir / "launch.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        try:  # inside the run folder, atomically, never through a planted link (nemo_muon.config.files)
+            make_folder(run_dir, what="the run folder")
+            write_file(run_dir / "launch.json", json.dumps(record, indent=2) + "\n", what="launch.json")
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     return run_resolved(recipe)  # a refusal: one line from rank 0, exit code 2 (3: diverged)
 
 

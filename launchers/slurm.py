@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nemo_muon._validation import shown
 from nemo_muon.config.limits import ENV_NAME
 
 NVL72_MAX_NODES = 18
@@ -31,11 +32,15 @@ RDZV_PORT = 29500
 KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
 """srun ends every task once one exits non-zero: a rank whose collective timed out on a stalled peer
 (system.collective_timeout_s) ends the job instead of leaving the other tasks waiting."""
-SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:@+\-/]+$")
+SAFE_VALUE = re.compile(r"[A-Za-z0-9_.:@+\-/]+\Z", re.ASCII)
 """What a job name, account or partition may hold (it is written into an ``#SBATCH`` line unquoted)."""
-_SAFE_PATH = re.compile(r"^/[A-Za-z0-9_.:@+\-/%]*$")
-TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
-"""A Slurm time limit: [D-]HH:MM:SS, MM, MM:SS, D-HH..."""
+_SAFE_PATH = re.compile(r"/[A-Za-z0-9_.:@+\-/%]*\Z", re.ASCII)
+TIME_LIMIT = re.compile(r"([0-9]{1,5}-)?[0-9]{1,3}(:[0-9]{2}){0,2}\Z", re.ASCII)
+"""A Slurm time limit: [D-]HH:MM:SS, MM, MM:SS, D-HH... (ASCII digits only: ``\\d`` would take any script's)."""
+DEPENDENCY = re.compile(r"[a-z]+:[0-9]{1,20}(:[0-9]{1,20}){0,99}\Z", re.ASCII)
+"""An ``#SBATCH --dependency`` value such as 'afterany:123'."""
+JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,20})?\Z", re.ASCII)
+"""A Slurm job id (an array task: '1234_5')."""
 
 
 def segment_size(num_nodes: int) -> int:
@@ -79,25 +84,25 @@ class SlurmJob:
     def __post_init__(self) -> None:
         for name in ("job_name", "account", "partition"):
             value = getattr(self, name)
-            if value is not None and not SAFE_VALUE.fullmatch(value):
-                raise ValueError(f"slurm {name} must match [A-Za-z0-9_.:@+-/]+; got {value!r}")
-        if not TIME_LIMIT.fullmatch(self.time):
-            raise ValueError(f"slurm time must be [D-]HH:MM:SS (or MM, MM:SS, D-HH...); got {self.time!r}")
+            if value is not None and not SAFE_VALUE.match(value):
+                raise ValueError(f"slurm {name} must match [A-Za-z0-9_.:@+-/]+; got {shown(value)}")
+        if not isinstance(self.time, str) or not TIME_LIMIT.match(self.time):
+            raise ValueError(f"slurm time must be [D-]HH:MM:SS (or MM, MM:SS, D-HH...); got {shown(self.time)}")
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError(f"slurm nodes and gpus_per_node must be >= 1; got {self.nodes} x {self.gpus_per_node}")
         if self.launcher not in ("torchrun", "tasks"):
-            raise ValueError(f"slurm launcher must be one of ('torchrun', 'tasks'); got {self.launcher!r}")
+            raise ValueError(f"slurm launcher must be one of ('torchrun', 'tasks'); got {shown(self.launcher)}")
         for name in ("output_dir", "workdir"):
-            if not _SAFE_PATH.match(str(getattr(self, name))):
+            if not _SAFE_PATH.match(str(getattr(self, name))):  # \Z: no trailing newline
                 raise ValueError(f"slurm {name} must be an absolute path of [A-Za-z0-9_.:@+-/]; got "
-                                 f"{str(getattr(self, name))!r}")
+                                 f"{shown(str(getattr(self, name)))}")
         if self.container and not self.image:
             raise ValueError("slurm image must be set when running in a container (pyxis); got None")
-        if self.dependency is not None and not re.match(r"^[a-z]+:\d+(:\d+)*$", self.dependency):
-            raise ValueError(f"slurm dependency must look like 'afterany:123'; got {self.dependency!r}")
+        if self.dependency is not None and not DEPENDENCY.match(self.dependency):
+            raise ValueError(f"slurm dependency must look like 'afterany:123'; got {shown(self.dependency)}")
         for name in [*self.env, *self.forwarded_env]:
             if not ENV_NAME.match(name):
-                raise ValueError(f"environment variable name must match [A-Za-z_][A-Za-z0-9_]*; got {name!r}")
+                raise ValueError(f"environment variable name must match [A-Za-z_][A-Za-z0-9_]*; got {shown(name)}")
 
     @property
     def segment(self) -> int | None:
@@ -197,8 +202,8 @@ def submit(script_path: Path, env: Mapping[str, str]) -> str:
 def job_state(job_id: str) -> tuple[str, str]:
     """(JobState, ExitCode) from scontrol, e.g. ('COMPLETED', '0:0'); ('UNKNOWN', '') once Slurm forgot it."""
     out = _run(["scontrol", "show", "job", str(job_id)])
-    state = re.search(r"JobState=(\S+)", out.stdout)
-    code = re.search(r"ExitCode=(\S+)", out.stdout)
+    state = re.search(r"JobState=(\S+)", out.stdout, re.ASCII)
+    code = re.search(r"ExitCode=(\S+)", out.stdout, re.ASCII)
     return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "")
 
 
@@ -224,8 +229,8 @@ def wait(job_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5,
 
 def cancel(job_id: str) -> None:
     """scancel the job (raises with scancel's message on failure)."""
-    if not re.match(r"^\d+(_\d+)?$", str(job_id)):
-        raise ValueError(f"slurm job id must be digits (e.g. 1234); got {job_id!r}")
+    if not JOB_ID.match(str(job_id)):
+        raise ValueError(f"slurm job id must be ASCII digits, e.g. 1234 or 1234_5 (an array task); got {shown(job_id)}")
     out = _run(["scancel", str(job_id)])
     if out.returncode != 0:
         raise RuntimeError(f"scancel {job_id} failed (exit {out.returncode}): {out.stderr.strip()}")

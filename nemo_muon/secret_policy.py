@@ -1,7 +1,11 @@
 """The secret policy of every entry point: recognise secrets, mask them in anything shown, refuse them in overrides.
 
 A secret is a variable whose *name* looks like a credential (`is_secret_name`) or whose *value* carries one
-(`is_secret_value`: a password inside a URL, a well-known token format). Its value is never printed and never written
+(`is_secret_value`: a password inside a URL or a scheme-less ``user:password@host`` such as an image reference, up to
+the last '@' so a password holding '@' is masked whole; a well-known token format). Values are decided on what they
+parse to, in one linear pass over their words (no regular expression that backtracks over a long value), and the
+NeMo-Run command line on its Python values (`python_strings`: escapes, implicit concatenation, triple quotes and
+``dict(...)`` resolved with `ast`, never evaluated). Its value is never printed and never written
 into a file the project or NeMo-Run writes (scripts, ``launch.json``, NeMo-Run's experiment configs): it travels only
 through the submitting process's environment, by name (``sbatch --export=ALL``, ``docker run -e NAME``, the child
 environment of a local run). Overrides (``env.HF_TOKEN=...``) are printed by ``--dryrun`` and written into job files,
@@ -22,8 +26,12 @@ Torch-free.
 
 from __future__ import annotations
 
+import ast
+import io
 import re
+import tokenize
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 MASK = "****"
@@ -35,19 +43,72 @@ _CONTAINED = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL
 _WORDS = frozenset({"PAT", "PASS", "CRED", "CREDS", "COOKIE", "DSN"})
 _LAST_WORDS = frozenset({"PWD", "AUTH"})
 _PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY"), ("CONNECTION", "STRING")})
-_NOT_TOKEN = re.compile(r"TOKENIZ|TOKENS$")
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:)(?P<pw>[^\s/?#@]+)(?=@)")
+_NOT_TOKEN = re.compile(r"TOKENIZ|TOKENS\Z", re.ASCII)
 _TOKEN_SHAPES = re.compile(
     r"\bhf_[A-Za-z0-9]{30,}|\bgh[pousr]_[A-Za-z0-9]{30,}|\bgithub_pat_[A-Za-z0-9_]{20,}|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
     r"|\bxox[abposr]-[A-Za-z0-9-]{10,}|\bsk-[A-Za-z0-9_-]{20,}|\bglpat-[A-Za-z0-9_-]{20,}|\bnvapi-[A-Za-z0-9_-]{20,}"
-    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+    r"|-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----", re.ASCII
 )
-"""Hugging Face, GitHub, AWS access key ids, Slack, OpenAI/Anthropic, GitLab, NVIDIA API keys; PEM private keys."""
+"""Hugging Face, GitHub, AWS access key ids, Slack, OpenAI/Anthropic, GitLab, NVIDIA API keys; PEM private keys.
+Each starts with a literal prefix and scans forward only: linear in the text."""
+_WORD = re.compile(r"\S+", re.ASCII)
+_AUTHORITY_END = "/?#"
+_USER_END = frozenset(":/?#@=")
+_DIGEST = re.compile(r"[A-Za-z0-9_+.-]{1,32}:[0-9A-Fa-f]{32,}", re.ASCII)
+"""What follows '@' in an image reference pinned by digest (``nemo:26.02@sha256:<hex>``): not a host."""
+
+
+def _userinfo_starts(word: str, last_at: int) -> list[tuple[int, bool]]:
+    """Where a ``user:password@`` may start in ``word``: after each ``://`` (a URL), and, without a scheme, at the
+    start or after the first ``=`` (``--opt=user:pw@host``, an image ``user:pw@registry/...``). (start, has scheme)."""
+    starts = []
+    at = word.find("://")
+    while 0 <= at < last_at:
+        starts.append((at + 3, True))
+        at = word.find("://", at + 3)
+    if not starts:
+        equals = word.find("=")
+        starts += [(0, False)] + ([(equals + 1, False)] if 0 <= equals < last_at else [])
+    return starts
+
+
+def _password_span(word: str, start: int, last_at: int, scheme: bool) -> tuple[int, int] | None:
+    """The password of the userinfo starting at ``start`` (it ends at the *last* '@' of the word, so a password
+    holding '@' is masked whole); None when there is none: no ':' in the user part, or a port followed by a path
+    (``host:8080/a@b``). Scans only the user part and the port's digits: linear over all starts of a word."""
+    end = start
+    while end < last_at and word[end] not in _USER_END:
+        end += 1
+    if end >= last_at or word[end] != ":" or (not scheme and end == start):
+        return None
+    digit = end + 1
+    while digit < last_at and word[digit] in "0123456789":
+        digit += 1
+    if digit > end + 1 and word[digit] in _AUTHORITY_END:
+        return None  # a port, then a path or query that holds an '@'
+    return end + 1, last_at
+
+
+def _credential_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every password carried in ``text``: ``scheme://user:password@host`` and, without a scheme,
+    ``user:password@host`` at the start of a word or after ``=``. One pass over the words: linear in the text."""
+    spans: list[tuple[int, int]] = []
+    for match in _WORD.finditer(text):
+        word, base = match.group(), match.start()
+        last_at = word.rfind("@")
+        if last_at <= 0 or _DIGEST.match(word, last_at + 1):  # none, or an image pinned by digest
+            continue
+        for start, scheme in _userinfo_starts(word, last_at):
+            span = _password_span(word, start, last_at, scheme)
+            if span is not None:
+                spans.append((base + span[0], base + span[1]))
+                break  # the password runs to the last '@': one span covers the word's userinfo
+    return spans
 
 
 def _words(name: str) -> list[str]:
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
-    return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.upper()) if w]
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name, flags=re.ASCII)
+    return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.upper(), flags=re.ASCII) if w]
 
 
 def is_secret_name(name: str) -> bool:
@@ -69,8 +130,10 @@ def is_secret_name(name: str) -> bool:
 
 
 def is_secret_value(value: str) -> bool:
-    """True for values carrying a credential: ``scheme://user:password@host``, or a well-known token format."""
-    return bool(_URL_PASSWORD.search(value) or _TOKEN_SHAPES.search(value))
+    """True for values carrying a credential: ``scheme://user:password@host`` (a password may hold '@'),
+    ``user:password@host`` without a scheme (an image reference, ``--opt=user:pw@host``), or a well-known token
+    format. Decided by parsing the words of the value, in one linear pass."""
+    return bool(_credential_spans(value) or _TOKEN_SHAPES.search(value))
 
 
 def is_secret(name: str, value: str | None = None) -> bool:
@@ -79,8 +142,12 @@ def is_secret(name: str, value: str | None = None) -> bool:
 
 
 def redact(text: str) -> str:
-    """``text`` with URL passwords and well-known tokens replaced by ****."""
-    return _TOKEN_SHAPES.sub(MASK, _URL_PASSWORD.sub(lambda m: m["head"] + MASK, text))
+    """``text`` with URL and ``user:password@`` passwords and well-known tokens replaced by ****."""
+    pieces, done = [], 0
+    for start, end in _credential_spans(text):
+        pieces += [text[done:start], MASK]
+        done = end
+    return _TOKEN_SHAPES.sub(MASK, "".join(pieces) + text[done:])
 
 
 def shown_redacted(value: Any, limit: int = SHOWN_CHARS) -> str:
@@ -89,6 +156,105 @@ def shown_redacted(value: Any, limit: int = SHOWN_CHARS) -> str:
         text = redact(repr(value))
     except ValueError:  # an int beyond sys.get_int_max_str_digits()
         return f"<an integer of {value.bit_length()} bits>"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+@dataclass(frozen=True)
+class PythonStrings:
+    """What a Python-syntax value (NeMo-Run's ``key=value``) holds, parsed with `ast`, never evaluated."""
+
+    names: tuple[str, ...]
+    """Strings in a name position: dict keys, keyword names, the first item of each ``dict([(k, v), ...])`` pair."""
+    values: tuple[str, ...]
+    """Every string it holds, escapes decoded, concatenations (implicit, ``+``, f-strings of literals) joined."""
+    computed: bool
+    """True when it parses but is not plain literal data (calls other than ``dict``, comprehensions, operators,
+    conditions): what it would evaluate to cannot be seen without running it."""
+
+
+_LITERAL_NODES = (ast.Expression, ast.Constant, ast.Dict, ast.List, ast.Tuple, ast.Set, ast.Name, ast.Load,
+                  ast.keyword, ast.UnaryOp, ast.UAdd, ast.USub)
+
+
+def _folded(node: ast.AST) -> str | None:
+    """The string a node of literals spells (``'a' + 'b'``, ``f'{"a"}b'``), or None."""
+    stack, parts = [node], []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.Constant) and isinstance(item.value, str):
+            parts.append(item.value)
+        elif isinstance(item, ast.BinOp) and isinstance(item.op, ast.Add):
+            stack += [item.right, item.left]
+        elif isinstance(item, (ast.JoinedStr, ast.FormattedValue)):
+            stack += reversed(item.values) if isinstance(item, ast.JoinedStr) else [item.value]
+        else:
+            return None
+    return "".join(parts)
+
+
+def _pair_names(call: ast.Call) -> list[ast.AST]:
+    """The key nodes of ``dict([(k, v), ...])`` / ``dict(((k, v),))``."""
+    keys = []
+    for arg in call.args:
+        if isinstance(arg, (ast.List, ast.Tuple, ast.Set)):
+            keys += [pair.elts[0] for pair in arg.elts if isinstance(pair, (ast.List, ast.Tuple)) and pair.elts]
+    return keys
+
+
+def _token_strings(text: str) -> list[str]:
+    """The string literals of text that does not parse as a whole (adjacent ones joined), as far as it tokenizes."""
+    found: list[str] = []
+    joined: list[str] = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.STRING:
+                try:
+                    joined.append(str(ast.literal_eval(tok.string)))
+                except (ValueError, SyntaxError):
+                    joined.append(tok.string)
+                continue
+            if joined and tok.type not in (tokenize.NL, tokenize.COMMENT):
+                found.append("".join(joined))
+                joined = []
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        pass
+    return found + (["".join(joined)] if joined else [])
+
+
+def python_strings(text: str) -> PythonStrings:
+    """The strings a Python-syntax command-line value holds, and where (`PythonStrings`); text that does not parse
+    gives every string literal it has, each as a possible name too."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        strings = tuple(_token_strings(text))
+        return PythonStrings(names=strings, values=strings, computed=False)
+    names: list[str] = []
+    values: list[str] = []
+    computed = False
+    for node in ast.walk(tree):
+        key_nodes: list[ast.AST] = []
+        if isinstance(node, ast.Dict):
+            key_nodes = [k for k in node.keys if k is not None]
+        elif isinstance(node, ast.Call):
+            names += [kw.arg for kw in node.keywords if kw.arg]
+            dict_call = isinstance(node.func, ast.Name) and node.func.id == "dict"
+            key_nodes = _pair_names(node) if dict_call else []
+            computed = computed or not dict_call
+        elif isinstance(node, (ast.BinOp, ast.JoinedStr)):
+            computed = True
+            if (folded := _folded(node)) is not None:
+                values.append(folded)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            values.append(node.value)
+        elif not isinstance(node, (*_LITERAL_NODES, ast.FormattedValue)):
+            computed = True
+        names += [folded for k in key_nodes if (folded := _folded(k)) is not None]
+    return PythonStrings(names=tuple(names), values=tuple(values), computed=computed)
+
+
+def _cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """A key or name as a message may quote it: at most ``limit`` characters, the cut stated."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
@@ -125,7 +291,8 @@ def override_refusal(key: str, name: str | None = None) -> str:
     """The one message every entry point gives for an override ``key=value`` that names or carries a secret;
     ``name`` is the variable it sets (default: ``NAME`` of ``env.NAME``)."""
     head, _, rest = key.partition(".")
-    name = name or (rest if head == "env" else None)
+    name = _cut(name or (rest if head == "env" else "")) or None
+    key = _cut(key)
     if name:
         fix = (f"export {name} in the shell you launch from and pass it by name: `nemo-muon launch --env {name}`; "
                f"`nemo llm pretrain` jobs inherit the launching environment, so leave {name} off the command line")
@@ -139,6 +306,7 @@ def env_value_refusal(name: str, where: str) -> str:
     """The message for a secret given as a value where values are written down: ``--env NAME=value`` (the shell's
     history, the process list) or a cluster profile's ``env`` (a file on disk, often shared); ``where`` names the
     place as the prefix of the name, e.g. ``"--env "`` or ``"clusters.yaml: eos.env."``."""
+    name = _cut(name)
     return (f"{where}{name}=**** is refused: a secret value must not be written on the command line or in a "
             f"profile; export {name} in the shell you launch from and pass it by name (`nemo-muon launch --env "
             f"{name}`: forwarded through the job's environment, never written into a file or command we generate), "

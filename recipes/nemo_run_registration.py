@@ -40,7 +40,7 @@ from nemo_muon.recipes.resolved import to_document
 from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, catalogue
 from nemo_run.config import get_type_namespace
 
-from nemo_muon.secret_policy import is_secret_name, is_secret_value, override_refusal
+from nemo_muon.secret_policy import is_secret_name, is_secret_value, override_refusal, python_strings, shown_redacted
 
 ENTRY_POINT_GROUP = "nemo_run.cli"
 OWN_MODULE_PREFIX = "nemo_muon."
@@ -82,22 +82,39 @@ def split_cli_args(args: list[str]) -> tuple[list[str], list[str]]:
     return passthrough, overrides
 
 
-_DICT_KEY = re.compile(r"""['"]?([A-Za-z_][A-Za-z0-9_]*)['"]?\s*[:=]""")
+_DICT_KEY = re.compile(r"""['"]?([A-Za-z_][A-Za-z0-9_]*)['"]?\s*+[:=]""", re.ASCII)
+
+
+def _env_refusal(key: str) -> str:
+    return (f"{key}=**** is refused: {key} sets environment variables, so its value must be literal data "
+            f"({{'NAME': 'value'}}, dict(NAME='value')) whose names can be checked for secrets; got a computed "
+            "expression")
 
 
 def check_cli_secrets(passthrough: list[str], overrides: list[str]) -> None:
     """Refuse secrets on the command line (the policy of nemo_muon.secret_policy, the message `nemo-muon launch`
     gives): recipe overrides such as ``env.HF_TOKEN=...``, and NeMo-Run arguments that set one
-    (``run.executor.env_vars={'HF_TOKEN': ...}``) or carry a credential (``scheme://user:password@host``)."""
+    (``run.executor.env_vars={'HF_TOKEN': ...}``) or carry a credential (``scheme://user:password@host``).
+
+    Decided on what NeMo-Run would parse, not on the text (`secret_policy.python_strings`): a name spelled through
+    an escape (``'HF_TOKE\\x4e'``), implicit concatenation, triple quotes, ``+`` or ``dict([...])`` is the name it
+    spells; under a key that sets environment variables a computed value (a call, a comprehension, a condition)
+    is refused, since what it names cannot be seen without running it."""
     check_secret_overrides(overrides)
     for arg in passthrough:
         key, sep, value = arg.partition("=")
         if not sep:
             continue
-        names = [key.rsplit(".", 1)[-1], *_DICT_KEY.findall(value)] if "env" in key.lower() else []
+        parsed = python_strings(value)
+        env_like = "env" in key.lower()
+        names = [*parsed.names, *_DICT_KEY.findall(value)]
+        if env_like:
+            names.append(key.rsplit(".", 1)[-1])
         secret = next((n for n in names if is_secret_name(n)), None)
-        if secret or is_secret_value(value):
+        if secret or is_secret_value(value) or any(is_secret_value(v) for v in parsed.values):
             raise ValueError(override_refusal(key, secret))
+        if env_like and parsed.computed:
+            raise ValueError(_env_refusal(key))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -117,7 +134,7 @@ class RecipeRunContext(RunContext):
             # a dotted path to one of our factories (nemo_muon.recipes.kimi_k2.kimi_k2_muon) = that recipe
             self.factory = self.factory.rsplit(".", 1)[1]
         if self.factory and "." not in self.factory and self.factory not in names:
-            raise RunContextError(f"--factory must be one of {tuple(names)}; got {self.factory!r}")
+            raise RunContextError(f"--factory must be one of {tuple(names)}; got {shown_redacted(self.factory)}")
         super().cli_execute(fn, passthrough, entrypoint_type)
 
 

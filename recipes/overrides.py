@@ -19,17 +19,18 @@ Values are converted by the field's type (bool: true/false/1/0/yes/no; tuples: `
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from nemo_muon._validation import check_choice
+from nemo_muon._validation import check_choice, shown
 from nemo_muon.config.limits import ENV_NAME
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.specs import MODEL_SPECS
 from nemo_muon.registry import names, spec_named
-from nemo_muon.secret_policy import check_override
+from nemo_muon.secret_policy import check_override, shown_redacted
 
 SECTION_ALIASES: dict[str, str] = {"optim": "optimizer", "log": "logging"}
 SECTIONS: tuple[str, ...] = (
@@ -38,6 +39,13 @@ SECTIONS: tuple[str, ...] = (
 )
 TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "backend", "layerwise", "qk_clip", "qk_clip_threshold", "qk_clip_alpha",
                                    "hf_config")
+MAX_DIGITS = 30
+"""Longest integer an override takes (every bound of a field is far shorter; ``int()`` of 5000 digits is refused by
+Python itself, with a message that names no field)."""
+_INT = re.compile(rf"[+-]?[0-9]{{1,{MAX_DIGITS}}}", re.ASCII)
+_FLOAT = re.compile(r"[+-]?(?:(?:[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,4})?|nan|inf|infinity)",
+                    re.ASCII | re.IGNORECASE)
+"""ASCII only: ``int()`` and ``float()`` also take any script's digits ('١٢') and underscores."""
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
@@ -58,7 +66,7 @@ def split_override(arg: str) -> tuple[str, str]:
     """``'optim.lr=3e-4'`` -> ``('optim.lr', '3e-4')``; raises unless the argument has the form key=value."""
     key, sep, value = arg.partition("=")
     if not sep or not key.strip():
-        raise ValueError(f"override must have the form key=value (e.g. optim.lr=3e-4); got {arg!r}")
+        raise ValueError(f"override must have the form key=value (e.g. optim.lr=3e-4); got {shown_redacted(arg)}")
     return key.strip(), value.strip()
 
 
@@ -72,14 +80,15 @@ def _canonical(key: str, recipe: TrainingRecipe) -> tuple[str, str | None]:
     if head == "env":
         if not ENV_NAME.match(field):
             raise ValueError(f"override key env.<NAME> must name an environment variable [A-Za-z_][A-Za-z0-9_]*; "
-                             f"got {key!r}")
+                             f"got {shown(key)}")
         return head, field
-    check_choice(f"override key section (in {key!r})", head, (*SECTIONS, "env", *SECTION_ALIASES))
+    check_choice(f"override key section (in {shown(key)})", head, (*SECTIONS, "env", *SECTION_ALIASES))
     section = getattr(recipe, head)
     fields = _init_fields(section)
     if field not in fields:
         raise ValueError(
-            f"override key {key!r} is unknown: {head} ({type(section).__name__}) has the fields {fields}; got {field!r}"
+            f"override key {shown(key)} is unknown: {head} ({type(section).__name__}) has the fields {fields}; got "
+            f"{shown(field)}"
         )
     return head, field
 
@@ -107,35 +116,33 @@ def convert_value(key: str, raw: Any, hint: Any) -> Any:
                 return convert_value(key, text, member)
             except ValueError as e:
                 errors.append(str(e))
-        raise ValueError(errors[0] if len(errors) == 1 else f"{key} must be one of the types {members}; got {raw!r}")
+        raise ValueError(errors[0] if len(errors) == 1 else f"{key} must be one of the types {members}; got {shown(raw)}")
     if hint is bool:
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE:
             return False
-        raise ValueError(f"{key} must be a boolean (one of {_TRUE + _FALSE}); got {raw!r}")
+        raise ValueError(f"{key} must be a boolean (one of {_TRUE + _FALSE}); got {shown(raw)}")
     if hint is int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"{key} must be an integer; got {raw!r}") from None
+        if not _INT.fullmatch(text):
+            raise ValueError(f"{key} must be an integer (ASCII digits, at most {MAX_DIGITS}); got {shown(raw)}")
+        return int(text)
     if hint is float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"{key} must be a number; got {raw!r}") from None
+        if not _FLOAT.fullmatch(text):
+            raise ValueError(f"{key} must be a number (ASCII digits, e.g. 3e-4); got {shown(raw)}")
+        return float(text)
     if hint is str:
         return text.strip("'\"")
     if origin is tuple:
         items = [t for t in text.strip("()[] ").split(",") if t.strip()]
         elem_types = [a for a in args if a is not Ellipsis]
         if Ellipsis not in args and len(items) != len(elem_types):
-            raise ValueError(f"{key} must be a tuple of {len(elem_types)} values like (a,b); got {raw!r}")
+            raise ValueError(f"{key} must be a tuple of {len(elem_types)} values like (a,b); got {shown(raw)}")
         if Ellipsis in args:
             elem_types = elem_types * len(items)
         pairs = enumerate(zip(items, elem_types, strict=True))
         return tuple(convert_value(f"{key}[{i}]", item, t) for i, (item, t) in pairs)
-    raise ValueError(f"{key} cannot be set from the command line (type {hint}); got {raw!r}")
+    raise ValueError(f"{key} cannot be set from the command line (type {hint}); got {shown(raw)}")
 
 
 def _switch_optimizer(recipe: TrainingRecipe, kind: Any) -> Any:
@@ -169,7 +176,7 @@ def apply_overrides(recipe: TrainingRecipe, overrides: Sequence[str] | Mapping[s
         head, field = _canonical(key, recipe)
         if head == "env":
             if not isinstance(raw, str):
-                raise ValueError(f"{key} must be a string; got {raw!r}")
+                raise ValueError(f"{key} must be a string; got {shown(raw)}")
             recipe = dataclasses.replace(recipe, env={**recipe.env, field: raw})
         elif field is None and head == "optimizer":
             recipe = dataclasses.replace(recipe, optimizer=_switch_optimizer(recipe, raw))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from nemo_muon._validation import check_choice, fail, shown
+from nemo_muon.config.files import load_json, make_folder, read_text, write_file
+from nemo_muon.config.limits import ENV_NAME
 from nemo_muon.config.optimizer import BaseOptimizerConfig
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.registry import config_classes
@@ -44,6 +45,9 @@ TOP_KEYS: tuple[str, ...] = ("format", "version", "source", "recipe")
 SOURCE_KEYS: tuple[str, ...] = ("recipe", "overrides")
 MAX_FILE_BYTES = 1 << 20
 """A recipe document is a few kB; a larger file is refused before it is parsed."""
+MAX_KEY_CHARS = 64
+"""Longest key a message names whole (a longer one is shown shortened)."""
+ENV_FIELD = "recipe.env"
 
 
 def _init_names(cls: type) -> tuple[str, ...]:
@@ -61,15 +65,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _key(path: str, key: Any) -> str:
+    """``path.key`` for a message: a long or odd key is shown shortened (`shown`), never whole."""
+    text = str(key)
+    part = text if len(text) <= MAX_KEY_CHARS and text.isprintable() else shown(key)
+    return f"{path}.{part}" if path else part
+
+
 def _leaves(data: Any, path: str) -> typing.Iterator[tuple[str, Any]]:
-    if isinstance(data, dict):
-        for k, v in data.items():
-            yield from _leaves(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            yield from _leaves(v, f"{path}[{i}]")
-    else:
-        yield path, data
+    """(path, value) of every leaf under ``data``, depth first (iterative: any nesting JSON parses is walked)."""
+    stack: list[tuple[str, Any]] = [(path, data)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(reversed([(_key(where, k), v) for k, v in node.items()]))
+        elif isinstance(node, list):
+            stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(node)]))
+        else:
+            yield where, node
 
 
 def check_no_secret(plain_recipe: Mapping[str, Any], source_overrides: Sequence[str] = ()) -> None:
@@ -81,6 +94,19 @@ def check_no_secret(plain_recipe: Mapping[str, Any], source_overrides: Sequence[
         for arg in source_overrides:
             key, _, value = str(arg).partition("=")
             check_override(key.strip(), value.strip())
+    except ValueError as e:
+        raise ValueError(f"a resolved recipe document never holds a secret: {e}") from None
+
+
+def _check_envelope_secrets(document: Mapping[str, Any]) -> None:
+    """`check_no_secret` for the document's other fields (format, version, source): every value, and every
+    ``key=value`` string as the override it would be, before any of them is named in an error message."""
+    try:
+        for key, value in _leaves({k: v for k, v in document.items() if k != "recipe"}, ""):
+            check_override(key, value)
+            if isinstance(value, str) and "=" in value:
+                name, _, text = value.partition("=")
+                check_override(name.strip(), text.strip())
     except ValueError as e:
         raise ValueError(f"a resolved recipe document never holds a secret: {e}") from None
 
@@ -147,8 +173,10 @@ def _decode(path: str, value: Any, hint: Any) -> Any:
         if not isinstance(value, dict):
             raise fail(path, value, "an object of names to strings")
         for k, v in value.items():
+            if path == ENV_FIELD and not ENV_NAME.fullmatch(k):
+                raise fail(f"{path} name", k, "an environment variable name [A-Za-z_][A-Za-z0-9_]* (ASCII, no newline)")
             if not isinstance(v, str):
-                raise fail(f"{path}.{k}", v, "a string")
+                raise fail(_key(path, k), v, "a string")
         return dict(value)
     raise fail(path, value, f"a value of type {_hint_text(hint)}")  # a field type this format does not know yet
 
@@ -158,12 +186,12 @@ def _check_keys(path: str, data: Any, allowed: Sequence[str], what: str) -> None
         raise fail(path, data, f"an object with the fields {tuple(allowed)} ({what})")
     unknown = [k for k in data if k not in allowed]
     if unknown:
-        raise ValueError(f"{path}.{unknown[0]} is not a field of {what}: the fields are {tuple(allowed)}; "
+        raise ValueError(f"{_key(path, unknown[0])} is not a field of {what}: the fields are {tuple(allowed)}; "
                          f"got {shown(unknown[0])}")
     missing = [k for k in allowed if k not in data]
     if missing:
         raise ValueError(f"{path}.{missing[0]} is missing: {what} needs every one of the fields {tuple(allowed)}; "
-                         f"got only {tuple(data)}")
+                         f"got only {shown(tuple(data))}")
 
 
 def _decode_dataclass(path: str, data: Any, cls: type, skip: Sequence[str] = ()) -> Any:
@@ -197,6 +225,8 @@ def from_document(document: Any) -> TrainingRecipe:
     of a run); raises ValueError naming the field, the value and what is allowed."""
     from nemo_muon.run_checks import check_run
 
+    if isinstance(document, dict):
+        _check_envelope_secrets(document)
     _check_keys("document", document, TOP_KEYS, f"a {FORMAT} document")
     if document["format"] != FORMAT:
         raise fail("document.format", document["format"], repr(FORMAT))
@@ -223,30 +253,16 @@ def document_path(run_dir: Path, document: Mapping[str, Any]) -> Path:
 
 
 def write_document(path: Path, document: Mapping[str, Any]) -> Path:
-    """Write ``document`` to ``path`` atomically (a temporary file renamed into place); returns ``path``."""
+    """Write ``document`` to ``path`` atomically, never through a symbolic link (`nemo_muon.config.files.write_file`);
+    returns ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(document_text(document), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    make_folder(path.parent, what="the run folder")
+    return write_file(path, document_text(document), what="the resolved recipe document")
 
 
 def read_document(path: str | Path) -> dict[str, Any]:
-    """The JSON data of a document file (not yet checked: pass it to `from_document`); raises ValueError."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ValueError(f"--recipe-file must be a resolved recipe document of at most {MAX_FILE_BYTES} bytes; "
-                             f"got {str(path)!r} of {size} bytes")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ValueError(f"--recipe-file must name a readable resolved recipe document; got {str(path)!r} "
-                         f"({e.strerror or e})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--recipe-file must be a JSON {FORMAT} document; got {str(path)!r} ({e})") from None
-    except RecursionError:  # json's decoder recurses once per nested [ or {
-        raise ValueError(f"--recipe-file must be a JSON {FORMAT} document (a few levels deep); got {str(path)!r} "
-                         "(nested too deeply to parse)") from None
-    return data
+    """The JSON data of a document file (not yet checked: pass it to `from_document`); raises ValueError naming the
+    file: not a regular file (a FIFO or a device is refused before it is opened), larger than `MAX_FILE_BYTES`, not
+    UTF-8, not JSON, nested too deeply or holding an integer too long to be a field."""
+    text = read_text(path, max_bytes=MAX_FILE_BYTES, what="--recipe-file")
+    return load_json(text, what=f"--recipe-file {shown(str(path))} (a JSON {FORMAT} document)")

@@ -7,6 +7,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Bit-for-bit tests (a resume continues the loss curve exactly) compare two runs of the same computation on one machine.
+# MKL's AVX2 kernels (AMD EPYC, older Intel) may round differently with the memory alignment of their inputs, so the
+# same LAPACK call (SOAP's eigendecomposition) on equal data gave different last bits in the straight and the resumed
+# run; STRICT conditional numerical reproducibility makes MKL's results independent of alignment on every CPU. Seen with
+# MKL_ENABLE_INSTRUCTIONS=AVX2 on an AVX-512 machine (docs/testing.md, "Other CPUs"); AVX-512 paths were unaffected.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 # Megatron-Core wraps its fused kernels in torch.compile (megatron.core.jit.jit_fuser). On CPU, inductor generates C++,
 # builds it with gcc, and every rank process traces the functions again: with torch 2.10 that made a Megatron CPU
 # resume test 36 s instead of 11 s. The tests (and the ranks they start, which inherit this environment) run those

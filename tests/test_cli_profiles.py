@@ -121,8 +121,8 @@ ALIAS_BOMB = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(
     ("eos:\n  partition: 'batch;id'\n", "eos.partition must be a Slurm partition"),
     ("eos:\n  time: 4h\n", "eos.time must be a Slurm time limit [D-]HH:MM:SS"),
     ("eos:\n  image: 'img:1 --privileged'\n", "eos.image must be an image reference or path"),
-    ("eos:\n  image: 'https://u:pw@registry/img:1'\n", "eos.image must be free of credentials (no user:password@ in "
-                                                      "it, no tokens); got 'https://u:****@registry/img:1'"),
+    ("eos:\n  image: 'https://u:pw@registry/img:1'\n", "eos.image must be free of credentials (no 'user:password' "
+                                                      "before an '@', no tokens); got 'https://u:****@registry/img:1'"),
     ("eos:\n  env: {'BAD NAME': 1}\n", "eos.env name must be an environment variable name [A-Za-z_][A-Za-z0-9_]*; got "
                                        "'BAD NAME'"),
     ("eos:\n  env: {'X=$(id)': 1}\n", "eos.env name must be an environment variable name"),
@@ -154,19 +154,20 @@ def test_hostile_profiles_are_refused_briefly_with_file_field_value_and_rule(tmp
 
 @pytest.mark.parametrize(("content", "message"), [
     (bytes(range(256)) * 4, "must be UTF-8 text (YAML); got byte 0x80 at offset 128, not UTF-8 (a binary file?)"),
-    (b"eos:\n  account: a\n" * 20_000, "must be at most 262144 bytes; got a larger file"),
+    (b"eos:\n  account: a\n" * 20_000, "must be at most 262144 bytes; got {path!r}, a larger file"),
 ])
 def test_binary_and_oversized_files_are_named(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "clusters.yaml"
     path.write_bytes(content)
     result = CliRunner().invoke(main, ["launch", "--recipe", "kimi_k2_muon", "--cluster", "eos", "--profiles",
                                        str(path), "--dry-run"])
-    assert result.exit_code == 2 and f"{path}: {message}" in " ".join(result.output.split())
+    assert result.exit_code == 2 and f"{path}: {message.format(path=str(path))}" in " ".join(result.output.split())
 
 
 def test_a_folder_given_as_the_profiles_file_is_named(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["profiles", "--profiles", str(tmp_path)])
-    assert result.exit_code == 2 and f"{tmp_path}: must be a readable file; got IsADirectoryError" in result.output
+    assert result.exit_code == 2 and f"{tmp_path}: must be a regular file; got {str(tmp_path)!r}, a folder" in \
+        " ".join(result.output.split())
 
 
 @pytest.mark.parametrize(("name", "value"), [("WANDB_API_KEY", "profile-secret-123"),

@@ -21,8 +21,8 @@ from nemo_muon.models.specs import KIMI_K2
 
 def test_muon_defaults_take_the_documented_steps():
     """MuonConfig's defaults, as documented (docs/optimizers.md, ARCHITECTURE.md): weight decay 0.1, Nesterov
-    momentum 0.95, 5 quintic Newton–Schulz steps, spectral scale sqrt(max(m, n)), and AdamW(betas=(0.9, 0.95),
-    eps=1e-8) at the same lr for 1-D params. Two steps of an optimizer built from the defaults equal that rule."""
+    momentum 0.95, 5 quintic Newton–Schulz steps, match_rms_adamw scale 0.2·sqrt(max(m, n)) (bench/lr_transfer.py),
+    and AdamW(betas=(0.9, 0.95), eps=1e-8) at the same lr for 1-D params. Two steps of an optimizer built from the defaults equal that rule."""
     import torch
 
     from nemo_muon.optim.factory import build_optimizer
@@ -41,7 +41,7 @@ def test_muon_defaults_take_the_documented_steps():
         opt.step()
         ref_opt.step()
         buf = buf.lerp(g, 1 - 0.95)
-        update = newton_schulz(g.lerp(buf, 0.95), steps=5, coefficients="quintic") * math.sqrt(40)
+        update = newton_schulz(g.lerp(buf, 0.95), steps=5, coefficients="quintic") * 0.2 * math.sqrt(40)
         want = want * (1 - 0.02 * 0.1) - 0.02 * update
         assert torch.allclose(w.detach(), want, atol=1e-6, rtol=0)
         assert torch.allclose(b.detach(), ref_b.detach(), atol=1e-7, rtol=0)

@@ -206,6 +206,21 @@ def test_save_killed_midway_leaves_previous_checkpoint_loadable(tmp_path: Path) 
     assert not (tmp_path / ".tmp_step_00000002").exists()
 
 
+def test_a_save_never_writes_through_links_planted_in_the_checkpoint_root(tmp_path: Path) -> None:
+    """A link at the temporary folder is removed (never what it points to); one at the final name is refused."""
+    model, opt, _ = _fresh(tmp_path)
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("keep")
+    (tmp_path / ".tmp_step_00000002").symlink_to(elsewhere)
+    save_checkpoint(tmp_path, 2, model, opt, {"step": 2})
+    assert [p.name for p in elsewhere.iterdir()] == ["keep.txt"] and step_dir(tmp_path, 2).is_dir()
+    step_dir(tmp_path, 3).symlink_to(tmp_path / "nowhere")  # dangling: .exists() is False
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        save_checkpoint(tmp_path, 3, model, opt, {"step": 3})
+    assert not (tmp_path / "nowhere").exists()
+
+
 class _Payload:
     """What a hostile checkpoint carries: unpickling it runs code (here: os.mkdir of a marker folder)."""
 
@@ -270,6 +285,11 @@ def _truncated(mf: Path) -> None:
     (_truncated, "manifest.json is not valid JSON"),
     (lambda mf: mf.write_text("[1, 2]"), "manifest.json must hold a JSON object; got list"),
     (lambda mf: mf.write_text(json.dumps({"format": FORMAT})), r"manifest.json lacks or mangles \['step \(int"),
+    # hostile manifests (issue 35): a RecursionError and an integer-conversion ValueError before
+    (lambda mf: mf.write_text("[" * 100_000 + "]" * 100_000), "manifest.json is not valid JSON .*nested at most 100"),
+    (lambda mf: mf.write_text(mf.read_text().replace('"step": 2', '"step": ' + "9" * 5000)),
+     "manifest.json is not valid JSON .*integers of at most 40 digits"),
+    (lambda mf: (mf.unlink(), os.mkfifo(mf)), "manifest.json must be a regular file; got .*, a FIFO"),
 ])
 def test_a_damaged_manifest_is_refused_never_skipped(tmp_path: Path, damage: Any, message: str) -> None:
     model, opt, _ = _fresh(tmp_path)

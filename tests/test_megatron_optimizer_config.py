@@ -49,8 +49,8 @@ def test_muon_maps_to_real_019_config_with_traps_fixed():
 
 
 def test_match_rms_adamw_becomes_spectral_times_0_2():
-    cfg, _ = to_megatron_optimizer_config(MuonConfig(scale_mode="match_rms_adamw", extra_scale_factor=2.0,
-                                                     **MEGATRON_MUON))
+    cfg, _ = to_megatron_optimizer_config(MuonConfig(**{**MEGATRON_MUON, "scale_mode": "match_rms_adamw"},
+                                                     extra_scale_factor=2.0))
     assert cfg.muon_scale_mode == "spectral" and cfg.muon_extra_scale_factor == pytest.approx(0.4)
 
 

@@ -41,7 +41,7 @@ def test_update_is_the_scaled_orthogonalized_momentum() -> None:
     torch.manual_seed(1)
     p = torch.nn.Parameter(torch.randn(12, 40))
     g1, g2 = torch.randn(12, 40), torch.randn(12, 40)
-    opt = Muon([("w", p)], lr=0.1, weight_decay=0.5, momentum=0.9, nesterov=True)
+    opt = Muon([("w", p)], lr=0.1, weight_decay=0.5, momentum=0.9, nesterov=True, scale_mode="spectral")
     w0 = p.detach().clone()
     p.grad = g1
     opt.step()
@@ -228,7 +228,7 @@ def test_fp16_params_and_bf16_newton_schulz() -> None:
     one (~2e-2 apart), so ns_precision is honoured and the fp16 param is updated in its own dtype."""
     torch.manual_seed(7)
     p = torch.nn.Parameter(torch.zeros(8, 16).half())
-    opt = Muon([("w", p)], lr=1.0, ns_precision="bf16")
+    opt = Muon([("w", p)], lr=1.0, ns_precision="bf16", scale_mode="spectral")
     g = torch.randn(8, 16).half()
     p.grad = g.clone()
     opt.step()
@@ -295,9 +295,9 @@ def test_param_group_overrides_are_validated() -> None:
     w = torch.nn.Parameter(torch.randn(3, 3))
     with pytest.raises(ValueError, match=r"param_groups\[0\]: muon.momentum must be a number in"):
         Muon([{"params": [w], "momentum": 1.5}], lr=1e-3)
-    opt = Muon([{"params": [w], "ns_steps": 3}], lr=1e-3)
+    opt = Muon([{"params": [("w", w)], "ns_steps": 3}], lr=1e-3)
     with pytest.raises(ValueError, match=r"param_groups\[1\]: muon.coefficients must be one of"):
-        opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(2, 2))], "coefficients": "cubic"})
+        opt.add_param_group({"params": [("v", torch.nn.Parameter(torch.randn(2, 2)))], "coefficients": "cubic"})
     assert len(opt.param_groups) == 1
 
 

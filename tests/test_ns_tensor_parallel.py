@@ -150,7 +150,8 @@ def _megatron_cases(rank: int, world: int, group) -> dict:
                                          weight_decay=0.1, fp32_matmul_prec="highest", pg_collection=pgs,
                                          tp_mode=mode, is_qkv_fn=lambda p: False)
             else:
-                opt = Muon(list(params.items()), lr=0.02, weight_decay=0.1, tp_group=group, tp_mode=mode)
+                opt = Muon(list(params.items()), lr=0.02, weight_decay=0.1, tp_group=group, tp_mode=mode,
+                           scale_mode="spectral")  # TensorParallelMuon's default
             opt.step()
             results.append([p.detach().clone() for p in params.values()])
         out[("megatron", mode)] = max((a - b).abs().max().item() for a, b in zip(*results, strict=True))

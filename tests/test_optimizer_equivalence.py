@@ -90,7 +90,7 @@ def test_one_step_matches_megatron_tensor_parallel_muon() -> None:
         coefficient_type="quintic", num_ns_steps=5, scale_mode="spectral", pg_collection=None, tp_mode="duplicated",
     )
     mine = params()
-    opt = Muon(list(mine.items()), lr=0.02, weight_decay=0.1, fused_layouts={"linear_qkv": layout})
+    opt = Muon(list(mine.items()), lr=0.02, weight_decay=0.1, fused_layouts={"linear_qkv": layout}, scale_mode="spectral")
     for n in inits:
         theirs[n].grad, mine[n].grad = grads[n].clone(), grads[n].clone()
     peer.step()
@@ -100,7 +100,7 @@ def test_one_step_matches_megatron_tensor_parallel_muon() -> None:
         assert (mine[n] - theirs[n]).abs().max().item() <= 1e-5 * moved, n
     # the split matters: orthogonalizing the fused QKV whole gives a different update
     whole = params()
-    opt_whole = Muon(list(whole.items()), lr=0.02, weight_decay=0.1, split_qkv=False)
+    opt_whole = Muon(list(whole.items()), lr=0.02, weight_decay=0.1, split_qkv=False, scale_mode="spectral")
     for n in inits:
         whole[n].grad = grads[n].clone()
     opt_whole.step()
@@ -116,6 +116,7 @@ def test_matches_emerging_optimizers_muon_in_bf16() -> None:
         return EOMuon(params, lr=0.02, momentum=0.95, weight_decay=0.1, nesterov=True, fp32_matmul_prec="medium")
 
     def ours(params):
-        return Muon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, weight_decay=0.1, ns_precision="bf16")
+        return Muon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, weight_decay=0.1, ns_precision="bf16",
+                    scale_mode="spectral")
 
     _assert_close(_run(ours), _run(peer), rel=2e-2)

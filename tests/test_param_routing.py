@@ -87,7 +87,7 @@ def test_muon_step_on_hf_moe_model_updates_every_param() -> None:
     torch.manual_seed(0)
     model = _qwen3_moe()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = Muon(model.named_parameters(), lr=1e-2, weight_decay=0.0)
+    opt = Muon(model.named_parameters(), lr=1e-2, weight_decay=0.0, scale_mode="spectral")
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     opt.step()
@@ -130,9 +130,10 @@ def test_layout_spec_dicts_and_disabling() -> None:
 def test_overrides_and_plain_tensors() -> None:
     emb = torch.nn.Parameter(torch.randn(10, 4))
     w = torch.nn.Parameter(torch.randn(4, 4))
-    opt = Muon([emb, w], lr=1e-3)  # unnamed: shape rule only
-    assert opt.route_of(emb).algorithm == MATRIX
-    opt = Muon([{"params": [emb], "algorithm": "adamw"}, {"params": [w]}], lr=1e-3)
+    with pytest.raises(ValueError, match=r"parameter 'param_groups\[0\]\.params\[0\]' with shape \(10, 4\) has no "
+                       r"name.*pass the model itself \(Muon\(model, \.\.\.\)\) or model\.named_parameters\(\)"):
+        Muon([emb, w], lr=1e-3)  # plain tensors (model.parameters()): refused with the fix
+    opt = Muon([{"params": [emb], "algorithm": "adamw"}, {"params": [w], "algorithm": "matrix"}], lr=1e-3)
     assert opt.route_of(emb).algorithm == ADAMW and opt.route_of(w).algorithm == MATRIX
     opt = Muon([("x.router.weight", w)], lr=1e-3, matrix_rule=lambda n, s: "adamw" if "router" in n else None)
     assert opt.route_of(w).algorithm == ADAMW

@@ -115,9 +115,9 @@ def test_not_a_document_is_refused(tmp_path: Path) -> None:
         from_document([1, 2])
     bad = tmp_path / "bad.json"
     bad.write_text("{not json", encoding="utf-8")
-    with pytest.raises(ValueError, match="--recipe-file must be a JSON nemo-muon/resolved-recipe document; got"):
+    with pytest.raises(ValueError, match=r"--recipe-file '.*bad.json' \(a JSON nemo-muon/resolved-recipe document\) must be valid JSON; got"):
         read_document(bad)
-    with pytest.raises(ValueError, match="--recipe-file must name a readable resolved recipe document; got"):
+    with pytest.raises(ValueError, match="--recipe-file must be a readable regular file; got"):
         read_document(tmp_path / "missing.json")
 
 

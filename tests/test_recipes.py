@@ -137,7 +137,7 @@ def test_overrides_convert_by_type_and_leave_the_input_alone():
         ("optim.tp_mode=dup", r"tp_mode must be one of \('duplicated', 'distributed', 'blockwise', 'auto'\); "
                               r"got 'dup'"),
         ("optim.momentum=2", r"muon\.momentum must be a number in \[0\.0, 1\.0\); got 2\.0"),
-        ("trainer.max_steps=1.5", r"trainer\.max_steps must be an integer; got '1\.5'"),
+        ("trainer.max_steps=1.5", r"trainer\.max_steps must be an integer \(ASCII digits, at most 30\); got '1\.5'"),
         ("qk_clip=maybe", r"qk_clip must be a boolean"),
         ("optim.adamw_betas=(1,2,3)", r"must be a tuple of 2 values"),
         ("noequals", r"override must have the form key=value"),

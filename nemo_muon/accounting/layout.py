@@ -20,12 +20,14 @@ Virtual stage k lives on PP rank k mod pp (Megatron's interleaved order).
 
 from __future__ import annotations
 
-import re
+import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nemo_muon._validation import check_positive_int
+from nemo_muon._validation import check_positive_int, shown
 from nemo_muon.config.recipe import TrainingRecipe
+from nemo_muon.models.specs import ModelSpec
 
 
 class LayoutError(ValueError):
@@ -55,17 +57,24 @@ class Layout:
 
     @property
     def layers_per_pp_rank(self) -> tuple[int, ...]:
-        """Decoder layers held by each PP rank (all its virtual stages)."""
-        return tuple(len(self.pp_rank_layers(r)) for r in range(self.pp))
+        """Decoder layers held by each PP rank (all its virtual stages); one pass over the stages."""
+        counts = [0] * self.pp
+        for k, n in enumerate(self.stage_layers):
+            counts[k % self.pp] += n
+        return tuple(counts)
+
+    @functools.cached_property
+    def _stage_starts(self) -> tuple[int, ...]:
+        """First global layer index of each virtual stage."""
+        return tuple(itertools.accumulate(self.stage_layers, initial=0))[:-1]
 
     def pp_rank_layers(self, pp_rank: int) -> list[int]:
-        """Global decoder-layer indices on PP rank ``pp_rank`` (virtual stage k lives on rank k mod pp)."""
+        """Global decoder-layer indices on PP rank ``pp_rank`` (virtual stage k lives on rank k mod pp); visits
+        only that rank's stages, so all ranks together cost one pass."""
+        starts = self._stage_starts
         out: list[int] = []
-        start = 0
-        for k, n in enumerate(self.stage_layers):
-            if k % self.pp == pp_rank:
-                out.extend(range(start, start + n))
-            start += n
+        for k in range(pp_rank, len(self.stage_layers), self.pp):
+            out.extend(range(starts[k], starts[k] + self.stage_layers[k]))
         return out
 
     def parallelism(self) -> dict[str, int]:
@@ -98,6 +107,60 @@ def pipeline_stage_layers(num_layers: int, pp: int, vp: int = 1) -> tuple[tuple[
 _LAYOUT_SYMBOLS = "EtmL|"
 MAX_LAYOUT_SYMBOLS = 1_000_000
 """Longest expanded layout string accepted (a real one has a few symbols per layer)."""
+MAX_LAYOUT_TEXT = 10_000
+"""Longest layout string accepted as written (Kimi K2's on PP4 VP4 has 30 characters)."""
+MAX_LAYER_SLOTS = 250_000
+"""Decoder layers x (1 + routed experts per layer): the units the planner enumerates (each layer's own tensors, and
+each routed expert's). Kimi K2 has 61 x 385 = 23,485; a model past this bound is refused when a recipe is built
+(every entry point: ``nemo-muon plan`` and ``launch`` alike) instead of growing memory while it is planned."""
+
+
+def _repeat_count(layout: str, text: str, i: int) -> tuple[int, int]:
+    """The ``n`` of a ``*n`` at ``text[i]`` (ASCII digits) and the index after it."""
+    j = i + 1
+    while j < len(text) and j - i <= 8 and "0" <= text[j] <= "9":
+        j += 1
+    if j == i + 1 or j - i > 8:
+        raise LayoutError(f"parallelism.pipeline_layout must repeat with *n, n of 1 to 7 ASCII digits; got "
+                          f"{shown(layout)} at character {i}")
+    return int(text[i + 1:j]), j
+
+
+def _expand_layout(layout: str) -> str:
+    """The layout with every ``(...)*n`` and ``X*n`` written out, refused before it grows past
+    `MAX_LAYOUT_SYMBOLS` (the expanded size is counted before each repeat is made)."""
+    text = layout.replace(" ", "").replace(",", "")
+    stack: list[list[str]] = [[]]
+    size = 0  # symbols written out so far, on every level
+    i = 0
+    while i < len(text):
+        char = text[i]
+        repeated: str | None = None
+        if char == "(":
+            stack.append([])
+            i += 1
+            continue
+        if char == ")":
+            if len(stack) == 1 or i + 1 >= len(text) or text[i + 1] != "*":
+                raise LayoutError(f"parallelism.pipeline_layout must close each '(' with ')*n'; got {shown(layout)}")
+            repeated = "".join(stack.pop())
+            times, i = _repeat_count(layout, text, i + 1)
+        elif char in _LAYOUT_SYMBOLS:
+            repeated, i = char, i + 1
+            times = 1
+            if char != "|" and i < len(text) and text[i] == "*":
+                times, i = _repeat_count(layout, text, i)
+        else:
+            raise LayoutError(f"parallelism.pipeline_layout must use only {tuple(_LAYOUT_SYMBOLS)} with (...)*n / X*n "
+                              f"repeats; got {shown(layout)}")
+        size += len(repeated) * (times - 1)
+        if size > MAX_LAYOUT_SYMBOLS:
+            raise LayoutError(f"parallelism.pipeline_layout must expand to at most {MAX_LAYOUT_SYMBOLS} symbols; got "
+                              f"{shown(layout)}, which expands past it")
+        stack[-1].append(repeated * times)
+    if len(stack) != 1:
+        raise LayoutError(f"parallelism.pipeline_layout must close each '(' with ')*n'; got {shown(layout)}")
+    return "".join(stack[0])
 
 
 def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
@@ -105,30 +168,27 @@ def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
 
     Symbols: ``E`` embedding, ``t`` decoder layer, ``m`` MTP layer, ``L`` loss, ``|`` between stages;
     ``(...)*n`` and ``X*n`` repeat. Example: ``"Et|(tt|)*30L"`` -> (1, 2, ..., 2, 0): 32 stages, the last loss-only.
+    The text is at most `MAX_LAYOUT_TEXT` characters and expands to at most `MAX_LAYOUT_SYMBOLS` (checked as it
+    expands, never after); repeat counts are ASCII digits.
     """
-    text = layout.replace(" ", "").replace(",", "")
-    group = re.compile(r"\(([^()]*)\)\*(\d+)")
-
-    def repeat(m: re.Match[str]) -> str:
-        body, times = m.group(1), int(m.group(2))
-        if len(text) + len(body) * times > MAX_LAYOUT_SYMBOLS:
-            raise LayoutError(f"parallelism.pipeline_layout must expand to at most {MAX_LAYOUT_SYMBOLS} symbols; got "
-                              f"{layout[:80]!r} repeating {body[:20]!r} {times} times")
-        return body * times
-
-    while True:
-        expanded = group.sub(repeat, text)
-        if expanded == text:
-            break
-        text = expanded
-    text = re.sub(r"([EtmL])\*(\d+)", repeat, text)
-    bad = sorted(set(text) - set(_LAYOUT_SYMBOLS))
-    if bad or not text:
-        raise LayoutError(
-            f"parallelism.pipeline_layout must use only {tuple(_LAYOUT_SYMBOLS)} with (...)*n / X*n repeats; got "
-            f"{layout[:200]!r}"
-        )
+    if not isinstance(layout, str) or len(layout) > MAX_LAYOUT_TEXT:
+        raise LayoutError(f"parallelism.pipeline_layout must be a layout string of at most {MAX_LAYOUT_TEXT} "
+                          f"characters; got {shown(layout)}")
+    text = _expand_layout(layout)
+    if not text:
+        raise LayoutError(f"parallelism.pipeline_layout must use only {tuple(_LAYOUT_SYMBOLS)} with (...)*n / X*n "
+                          f"repeats; got {shown(layout)}")
     return tuple(stage.count("t") for stage in text.split("|"))
+
+
+def check_layer_slots(spec: ModelSpec) -> None:
+    """Raise ValueError when ``spec`` has more than `MAX_LAYER_SLOTS` layer slots (layers x (1 + experts)): a bound
+    of the model, not of the layout, so the message names the model's fields, whatever the world size."""
+    slots = spec.num_layers * (1 + spec.num_experts)
+    if slots > MAX_LAYER_SLOTS:
+        raise ValueError(f"model.num_layers x (1 + model.num_experts) must be at most {MAX_LAYER_SLOTS} (the layers "
+                          f"and routed experts a plan enumerates; Kimi K2: 61 x 385 = 23,485); got {spec.num_layers} x "
+                          f"(1 + {spec.num_experts}) = {slots}")
 
 
 def validate_layout(recipe: TrainingRecipe, world_size: int | None = None,
@@ -143,6 +203,7 @@ def validate_layout(recipe: TrainingRecipe, world_size: int | None = None,
     world = recipe.world_size if world_size is None else world_size
     check_positive_int("world_size", world)
     par, spec, tr = recipe.parallelism, recipe.model, recipe.trainer
+    check_layer_slots(spec)
     if stage_layers is None:
         stage_layers = getattr(par, "pipeline_layout", None)
     tp, pp, vp, cp, ep, etp = par.tp, par.pp, par.vp, par.cp, par.ep, par.etp
@@ -183,11 +244,14 @@ def validate_layout(recipe: TrainingRecipe, world_size: int | None = None,
         stages, uneven = pipeline_stage_layers(spec.num_layers, pp, vp)
     else:
         stages = parse_pipeline_layout(stage_layers) if isinstance(stage_layers, str) else \
-            tuple(int(n) for n in stage_layers)
+            tuple(stage_layers)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in stages):
+            raise LayoutError(f"pipeline layout must be a layout string or integers per virtual stage; got "
+                              f"{shown(stage_layers)}")
         if len(stages) != pp * vp or sum(stages) != spec.num_layers or min(stages) < 0:
             raise LayoutError(
                 f"pipeline layout must give pp*vp = {pp}*{vp} = {pp * vp} virtual stages whose decoder layers sum "
-                f"to num_layers ({spec.num_layers}); got {list(stages)} from {stage_layers!r}"
+                f"to num_layers ({spec.num_layers}); got {shown(list(stages))} from {shown(stage_layers)}"
             )
         uneven = len(set(stages)) > 1
     per_step = tr.micro_batch_size * dp

@@ -78,7 +78,7 @@ class CostModel:
 
 TENSOR_LAYOUTS: tuple[str, ...] = ("megatron", "hf")
 """The values of ``CostModel.tensors``."""
-_LOCAL_EXPERT = re.compile(r"local_experts\.\d+\.")
+_LOCAL_EXPERT = re.compile(r"local_experts\.[0-9]+\.", re.ASCII)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ import re
 
 from nemo_muon._validation import shown
 
-ENV_NAME: re.Pattern[str] = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-"""An environment variable name (recipe ``env`` keys, ``--env``, cluster profiles, Slurm and docker exports)."""
+ENV_NAME: re.Pattern[str] = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}\Z", re.ASCII)
+r"""An environment variable name (recipe ``env`` keys, ``--env``, cluster profiles, Slurm and docker exports): ASCII,
+at most 255 characters, ending at the end of the text (``\Z``: a trailing newline, which ``$`` lets through, would
+split an ``export`` line), so ``.match`` and ``.fullmatch`` agree."""
 GPUS_PER_NODE: dict[str, int] = {"gb300": 4, "gb200": 4, "b200": 8, "h200": 8, "h100": 8}
 """GPUs per node (GB200/GB300: 4 per compute tray of an NVL72 rack; HGX boxes: 8): a node has no more."""
 MAX_CPU_PROCESSES_PER_NODE = 256
@@ -29,10 +31,10 @@ GPU_COLLECTIVE_TIMEOUT_S = 600.0
 """Default collective timeout on GPUs: NCCL's default in torch and Megatron-Bridge's distributed_timeout_minutes=10."""
 MAX_COLLECTIVE_TIMEOUT_S = 86400.0
 """One day: any longer and a stalled rank holds its allocation for nothing."""
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}", re.ASCII)
 """A run folder name (recipe.name, logging.run_name): one path component, no '..', no spaces or shell syntax."""
 RUN_NAME_TEXT = "[A-Za-z0-9][A-Za-z0-9_.-]* (one folder name, at most 200 characters)"
-MOUNT_SAFE_PATH = re.compile(r"[A-Za-z0-9_.@+%~/-]+")
+MOUNT_SAFE_PATH = re.compile(r"[A-Za-z0-9_.@+%~/-]+", re.ASCII)
 """A path that can be a bind mount (docker -v SRC:DST, pyxis --container-mounts=SRC:DST,...) and an unquoted
 #SBATCH path: no ':' or ',' (mount separators), whitespace, quotes or shell syntax."""
 MOUNT_SAFE_PATH_TEXT = "a path of [A-Za-z0-9_.@+%~/-] (no ':', ',', spaces or quotes: it is bind-mounted as SRC:DST)"

@@ -39,10 +39,13 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon._validation import check_positive_int, shown
+from nemo_muon.config.files import load_json, read_text
 from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 
 FORMAT = "nemo_muon.layerwise.checkpoint/1"
-_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+MAX_MANIFEST_BYTES = 1 << 30
+"""Largest manifest.json read (a digest per parameter and per state tensor: MBs for the largest models)."""
+_STEP_DIR = re.compile(r"step_([0-9]{8,20})\Z", re.ASCII)
 
 
 class CheckpointError(RuntimeError):
@@ -103,8 +106,8 @@ def plain_data_problem(obj: Any, where: str = "extra") -> str | None:
     if kind in (dict, OrderedDict):
         for k, v in obj.items():
             if type(k) not in (str, int):
-                return f"{where} has a key of type {type(k).__qualname__} ({k!r})"
-            if (problem := plain_data_problem(v, f"{where}[{k!r}]")) is not None:
+                return f"{where} has a key of type {type(k).__qualname__} ({shown(k)})"
+            if (problem := plain_data_problem(v, f"{where}[{shown(k)}]")) is not None:
                 return problem
         return None
     for i, v in enumerate(obj):
@@ -170,7 +173,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, model: torch.nn.Mod
     final, tmp = step_dir(root, step), root / f".tmp_step_{step:08d}"
     optimizer.finish_param_gather()
     shard = optimizer.state_dict()
-    checks = _gather_objects((final.exists(), plain_data_problem(dict(extra or {})),
+    checks = _gather_objects((final.exists() or final.is_symlink(), plain_data_problem(dict(extra or {})),
                               plain_data_problem(shard, f"optimizer state of rank {rank}")), group)
     exists, problem = checks[0][0], checks[0][1]  # rank 0's extra is the one written; every rank raises together
     if problem is not None:
@@ -184,7 +187,9 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, model: torch.nn.Mod
                               "(choose another step or root, or delete it yourself)")
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by a save that was killed midway
+        if tmp.is_symlink():  # planted: the link goes, never what it points to
+            tmp.unlink()
+        elif tmp.exists():  # left by a save that was killed midway
             shutil.rmtree(tmp)
         tmp.mkdir()
     _barrier(group)
@@ -229,18 +234,24 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     mf = path / "manifest.json"
     fix = (f"move the folder {path} aside (resume then starts from the previous checkpoint) or restore its "
            "manifest.json")
-    if not mf.is_file():
+    if not (mf.exists() or mf.is_symlink()):
         raise CheckpointError(f"{path} is not a complete checkpoint: manifest.json is missing (a save writes it "
                               f"before the folder gets its step_* name, so the folder was damaged); {fix}")
-    try:
-        manifest = json.loads(mf.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        state = "empty" if mf.stat().st_size == 0 else f"not valid JSON ({e})"
-        raise CheckpointError(f"{path} is not a complete checkpoint: {mf.name} is {state}; {fix}") from None
+    try:  # a bounded regular file (a FIFO or a device is refused by kind)
+        text = read_text(mf, max_bytes=MAX_MANIFEST_BYTES, what=mf.name)
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not a complete checkpoint: {e}; {fix}") from None
+    if not text:
+        raise CheckpointError(f"{path} is not a complete checkpoint: {mf.name} is empty; {fix}")
+    try:  # JSON nested too deeply or holding a 5000-digit number is one error, never a RecursionError
+        manifest = load_json(text, what="its text")
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not a complete checkpoint: {mf.name} is not valid JSON ({e}); {fix}") \
+            from None
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{path}: manifest.json must hold a JSON object; got {type(manifest).__name__}; {fix}")
     if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{mf}: format must be {FORMAT!r}; got {manifest.get('format')!r}; {fix}")
+        raise CheckpointError(f"{mf}: format must be {FORMAT!r}; got {shown(manifest.get('format'))}; {fix}")
     bad = [f"{k} ({kind.__name__} expected)" for k, kind in _MANIFEST_KEYS.items()
            if not isinstance(manifest.get(k), kind)]
     if bad:
@@ -287,7 +298,7 @@ def _load_verified(path: Path, name: str, manifest: dict[str, Any]) -> Any:
     try:
         return torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e), re.ASCII)
         what = f" (it refers to {found.group(1)})" if found else ""
         raise CheckpointError(f"checkpoint file {f} holds more than tensors and plain containers{what}: refused "
                               "without unpickling it (a nemo_muon checkpoint is data only; this file was not "

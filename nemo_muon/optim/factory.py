@@ -18,7 +18,8 @@ from nemo_muon.registry import resolve, spec_for
 
 
 def build_optimizer(cfg: Any, named_params: Iterable[Any], **runtime: Any) -> torch.optim.Optimizer:
-    """The optimizer for ``cfg`` over ``named_params`` (``model.named_parameters()``, tensors or param groups)."""
+    """The optimizer for ``cfg`` over ``named_params``: ``model.named_parameters()`` or param groups; Muon / SOAP also
+    take the model itself (routing by what each parameter is, `nemo_muon.optim.param_roles`)."""
     spec = spec_for(cfg)
     cfg.validate()
     unknown = sorted(set(runtime) - set(spec.runtime_args))

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from nemo_muon.optim.routing import QKVLayout, Route
 
 
 def split_parts(x: torch.Tensor, route: Route, name: str) -> list[torch.Tensor]:
-    """The parts of ``x`` (..., rows, cols) as separate matrices; ``[x]`` when the route has no layout."""
+    """The parts of ``x`` (..., rows, cols) as separate matrices; ``[x]`` when the route has no layout. A
+    ``transposed`` route (stored (in, out)) splits along the columns, each part kept in the stored orientation."""
+    if route.transposed and route.layout is not None:
+        return [part.mT for part in split_parts(x.mT, dataclasses.replace(route, transposed=False), name)]
     sizes = route.split_sizes(name, x.shape[-2])
     if sizes is None:
         return [x]
@@ -23,6 +28,8 @@ def merge_parts(parts: list[torch.Tensor], route: Route, like: torch.Tensor) -> 
     """Inverse of ``split_parts``: a tensor shaped like ``like``."""
     if len(parts) == 1 and route.layout is None:
         return parts[0]
+    if route.transposed:
+        return merge_parts([part.mT for part in parts], dataclasses.replace(route, transposed=False), like.mT).mT
     if isinstance(route.layout, QKVLayout):
         cols = like.shape[-1]
         groups = like.shape[-2] // sum(route.layout.group_shapes())

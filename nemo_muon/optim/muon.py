@@ -6,8 +6,8 @@ Per matrix-routed parameter (decoupled weight decay first, as in torch.optim.Ada
         O = NS(P) * scale(out, in) * extra_scale_factor
     p <- p·(1 - lr·wd) - lr·O
 Scale modes, with (out, in) the part's *global* shape (local shard shape in blockwise TP mode):
-spectral sqrt(max(out, in)); shape_scaling sqrt(max(1, out/in)); unit_rms_norm sqrt(out/in);
-match_rms_adamw 0.2·sqrt(max(out, in)).
+match_rms_adamw 0.2·sqrt(max(out, in)) (the default, `MuonConfig.scale_mode`: AdamW's lr carries over);
+spectral sqrt(max(out, in)) (Megatron's); shape_scaling sqrt(max(1, out/in)); unit_rms_norm sqrt(out/in).
 Tensor parallelism: with ``tp_group`` set, a parameter with ``tensor_model_parallel=True`` and ``partition_dim``
 attributes (Megatron's convention) is a shard; its NS runs in ``tp_mode`` (see ``nemo_muon.optim.ns_iteration``), all
 matrices of one step together so distributed-mode collectives are fused.
@@ -100,23 +100,25 @@ class SplitShare:
 class Muon(RoutedOptimizer):
     """Muon for hidden matrices and 3-D expert stacks, AdamW for embeddings, head, norms and biases.
 
-    ``params``: ``model.named_parameters()`` (names drive the routing), plain tensors, or param-group dicts (a group
-    may force ``"algorithm": "matrix" | "adamw"``). Keyword names equal ``MuonConfig``'s fields; ``matrix_rule``,
-    ``fused_layouts`` (see ``nemo_muon.optim.routing``) and ``master_weights`` (fp32 master copy for bf16/fp16
-    params) are runtime extras, and ``batch_ns`` (without TP: the NS of all same-shape matrices of a step in one
-    stacked call, ``newton_schulz_stacked``; fewer, larger kernels for all NS inputs held at once; off by default,
-    which keeps one matrix at a time and bitwise-stable results). ``step(closure=None, *, skip_nonfinite_check=False)``;
-    after a step
-    ``last_step_skipped`` tells whether a non-finite gradient skipped it (``skipped_steps`` counts them).
+    ``params``: the model (``nn.Module``: routed by what each parameter is), ``model.named_parameters()`` (the name
+    rule), or param-group dicts (a group may force ``"algorithm": "matrix" | "adamw"``); plain unnamed matrices are
+    refused (``nemo_muon.optim.routed``); ``routes()`` prints where each went and why. Keyword names equal
+    ``MuonConfig``'s fields; ``matrix_rule``, ``fused_layouts`` (see ``nemo_muon.optim.routing``) and
+    ``master_weights`` (fp32 master copy for bf16/fp16 params) are runtime extras, and ``batch_ns`` (without TP: the
+    NS of all same-shape matrices of a step in one stacked call, ``newton_schulz_stacked``; fewer, larger kernels for
+    all NS inputs held at once; off by default, which keeps one matrix at a time and bitwise-stable results).
+    ``step(closure=None, *, skip_nonfinite_check=False)``; after a step ``last_step_skipped`` tells whether a
+    non-finite gradient skipped it (``skipped_steps`` counts them).
     """
 
     label = "Muon"
     registry_name = "muon"
     """The optimizer's entry in `nemo_muon.registry` (a subclass with its own update names its own)."""
+    splits_fused = True
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: Iterable[Any] | torch.nn.Module,
         lr: float,
         weight_decay: float = MuonConfig.weight_decay,
         *,
@@ -320,6 +322,8 @@ class Muon(RoutedOptimizer):
         """The parts' orthogonalized outputs, each through `_post_orthogonalize` and scaled by its (global) shape,
         merged into the parameter's update."""
         g = it.group
+        if it.route.transposed:  # stored (in, out): HF Conv1D
+            shapes = [(in_, out) for out, in_ in shapes]
         scaled = [self._post_orthogonalize(it, j, y) * (muon_scale(out, in_, g["scale_mode"]) * g["extra_scale_factor"])
                   for j, (y, (out, in_)) in enumerate(zip(ys, shapes, strict=True))]
         return merge_parts(scaled, it.route, it.grad)

@@ -37,7 +37,7 @@ class NorMuon(Muon):
     label = "NorMuon"
     registry_name = "normuon"
 
-    def __init__(self, params: Iterable[Any], lr: float, weight_decay: float = NorMuonConfig.weight_decay, *,
+    def __init__(self, params: Iterable[Any] | torch.nn.Module, lr: float, weight_decay: float = NorMuonConfig.weight_decay, *,
                  beta2: float = NorMuonConfig.beta2, eps: float = NorMuonConfig.eps, **muon_kwargs: Any) -> None:
         NorMuonConfig(lr=lr, weight_decay=weight_decay, beta2=beta2, eps=eps)  # raises naming the field
         tp_group = muon_kwargs.get("tp_group")

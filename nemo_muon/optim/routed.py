@@ -1,6 +1,15 @@
 """The shared skeleton of Muon and SOAP: parameter routing, the one per-parameter update loop, the AdamW part,
 non-finite gradient policy, and optional fp32 master weights for bf16/fp16 parameters.
 
+What the optimizers take (``params``): the ``nn.Module`` itself (routing by what each parameter is: module type,
+tying, known fused layouts; `nemo_muon.optim.param_roles`), ``model.named_parameters()`` (the name rule of
+`nemo_muon.optim.routing`; a 2-D parameter whose name hints at an embedding or head but goes to the matrix update is
+reported in one warning), or param-group dicts of those. Refused, in one line naming the parameter: a tensor of 2 or
+more dimensions without a name (plain ``model.parameters()``) unless its group's ``"algorithm"`` or ``matrix_rule``
+places it; a parameter that is not real floating point (complex, integer: the update would drop its imaginary part);
+a keyword the optimizer does not take (`nemo_muon.optim.keywords`). ``opt.routes()`` is the table of every
+parameter's route and its reason (`nemo_muon.optim.route_table`).
+
 Subclasses implement ``_matrix_updates(items)``: given the matrix-routed parameters that have gradients (each as a
 ``MatrixItem``), return one fp32 update per item (the step is then ``p <- p·(1 - lr·wd) - lr·update``), or None for
 an item that only built its state this step.
@@ -16,7 +25,19 @@ from typing import Any
 
 import torch
 
-from nemo_muon.optim.routing import ADAMW, ROUTE_NAMES, FusedLayout, MatrixRule, Route, resolve_layouts, route_param
+from nemo_muon.optim.keywords import checked_init
+from nemo_muon.optim.param_roles import module_roles
+from nemo_muon.optim.route_table import RouteRow, RouteTable, update_label
+from nemo_muon.optim.routing import (
+    ADAMW,
+    ROUTE_NAMES,
+    FusedLayout,
+    MatrixRule,
+    ParamRole,
+    Route,
+    resolve_layouts,
+    route_param,
+)
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -65,10 +86,18 @@ class RoutedOptimizer(torch.optim.Optimizer):
     """Base class; see the module docstring. Not used directly."""
 
     label = "optimizer"
+    splits_fused = False
+    """Whether the matrix update runs on the parts of a fused weight (Muon) or on the whole (SOAP); for ``routes()``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every subclass's ``__init__`` refuses unknown keywords in one line (`nemo_muon.optim.keywords`)."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = checked_init(cls.__dict__["__init__"], cls, RoutedOptimizer)  # type: ignore[method-assign]
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: Iterable[Any] | torch.nn.Module,
         defaults: dict[str, Any],
         *,
         nonfinite: str,
@@ -89,8 +118,16 @@ class RoutedOptimizer(torch.optim.Optimizer):
         self._matrix_rule = matrix_rule
         self._layouts = resolve_layouts(fused_layouts)
         self._split_qkv, self._split_gate_up = split_qkv, split_gate_up
+        self._roles: dict[torch.Tensor, ParamRole] = {}
+        self._unsure: list[str] = []
+        self._initialized = False
+        if isinstance(params, torch.nn.Module):
+            self._roles = module_roles(params)
+            params = list(params.named_parameters())
         defaults = {**defaults, "adamw_lr": adamw_lr}
         super().__init__(params, defaults)
+        self._initialized = True
+        self._report_unsure()
 
     # --- routing -------------------------------------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -108,14 +145,53 @@ class RoutedOptimizer(torch.optim.Optimizer):
                              f"{ROUTE_NAMES}; got {forced!r}")
         lr, adamw_lr = group["lr"], group["adamw_lr"]
         group["adamw_lr_ratio"] = 1.0 if adamw_lr is None else float(adamw_lr) / float(lr)
+        index = len(self.param_groups) - 1
+        try:
+            routes = self._route_group(group, forced, index)
+        except ValueError:
+            self.param_groups.pop()
+            raise
+        for p, (label, route) in routes.items():
+            self._names[p], self._routes[p] = label, route
+        self._unsure += [label for label, route in routes.values() if route.unsure]
+        if self._initialized:
+            self._report_unsure()
+
+    def _route_group(self, group: dict[str, Any], forced: str | None,
+                     index: int) -> dict[torch.Tensor, tuple[str, Route]]:
+        """Each parameter of a new group -> (its name or label, its route); raises for a parameter that is not real
+        floating point or, unnamed and 2-D or more, cannot be placed (module docstring)."""
         names = group.get("param_names") or [None] * len(group["params"])
+        routes = {}
         for i, (p, name) in enumerate(zip(group["params"], names, strict=True)):
-            label = name or f"param_groups[{len(self.param_groups) - 1}].params[{i}]"
-            self._names[p] = label
-            self._routes[p] = route_param(
+            label = name or f"param_groups[{index}].params[{i}]"
+            if not p.is_floating_point():
+                raise ValueError(f"{self.label}: parameter {label!r} has dtype {p.dtype}; allowed: real floating-point "
+                                 "parameters (float32, bfloat16, float16, float64); keep a complex value as two real "
+                                 "parameters (or torch.view_as_real of it)")
+            if name is None and p.dim() >= 2 and forced is None and (
+                    self._matrix_rule is None or self._matrix_rule(None, tuple(p.shape)) is None):
+                raise ValueError(
+                    f"{self.label}: parameter {label!r} with shape {tuple(p.shape)} has no name, so whether it is an "
+                    f"embedding, the output head or a hidden matrix cannot be told; pass the model itself "
+                    f"({self.label}(model, ...)) or model.named_parameters(), or place unnamed tensors with a param "
+                    "group's 'algorithm' or matrix_rule")
+            routes[p] = (label, route_param(
                 name, tuple(p.shape), matrix_rule=self._matrix_rule, forced=forced, layouts=self._layouts,
-                split_qkv=self._split_qkv, split_gate_up=self._split_gate_up,
-            )
+                split_qkv=self._split_qkv, split_gate_up=self._split_gate_up, role=self._roles.get(p),
+            ))
+        return routes
+
+    def _report_unsure(self) -> None:
+        """One warning naming the parameters the name rule sent to the matrix update although their names hint at an
+        embedding or output head (`Route.unsure`); once per parameter."""
+        if not self._unsure:
+            return
+        names, self._unsure = self._unsure, []
+        how = "by module type" if self._roles else f"by name only ({self.label}(model, ...) routes by module type)"
+        warnings.warn(f"{self.label}: routed {how}; the matrix update goes to {len(names)} parameter(s) whose names "
+                      f"hint at an embedding or output head: {', '.join(names)}; if one is, place it with matrix_rule "
+                      "or a param group's 'algorithm' (opt.routes() shows every route)", stacklevel=2)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
         """Check a group's hyperparameters (groups may override the defaults); subclasses use their config."""
@@ -127,6 +203,13 @@ class RoutedOptimizer(torch.optim.Optimizer):
     def route_of(self, p: torch.Tensor) -> Route:
         """The route of a parameter of this optimizer (``algorithm`` "matrix" or "adamw", and its fused layout)."""
         return self._routes[p]
+
+    def routes(self) -> RouteTable:
+        """Every parameter's route, in param-group order: name, shape, update, reason (``print`` it to check)."""
+        return RouteTable(
+            RouteRow(self._names[p], tuple(p.shape), update_label(self._routes[p], tuple(p.shape), self.label,
+                                                                 splits=self.splits_fused), self._routes[p].reason)
+            for g in self.param_groups for p in g["params"])
 
     # --- non-finite gradients ------------------------------------------------------------------------------------
     def _grads(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -74,7 +74,8 @@ def _refresh(factor: torch.Tensor, q: torch.Tensor, v: torch.Tensor, v_dim: int)
 class SOAP(RoutedOptimizer):
     """SOAP for hidden matrices (module docstring), AdamW (same betas / eps) for embeddings, head, 1-D params.
 
-    Keyword names equal ``SoapConfig``'s fields; ``tp_group``, ``matrix_rule`` and ``master_weights`` are runtime
+    ``params`` as `nemo_muon.Muon`'s (the model, named parameters or param groups; ``routes()``). Keyword names
+    equal ``SoapConfig``'s fields; ``tp_group``, ``matrix_rule`` and ``master_weights`` are runtime
     extras. ``step``, ``has_nonfinite_grads``, ``last_step_skipped`` / ``skipped_steps`` as in ``nemo_muon.Muon``.
     """
 
@@ -84,7 +85,7 @@ class SOAP(RoutedOptimizer):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: Iterable[Any] | torch.nn.Module,
         lr: float,
         weight_decay: float = SoapConfig.weight_decay,
         *,

@@ -46,6 +46,7 @@ SPEC = OptimizerSpec(
     megatron=MegatronSpec(
         engines=("nemo_muon", "megatron"), bridge_name="muon", registered_name="nemo_muon",
         fields="nemo_muon.megatron.shared.optimizer_config:muon_fields", adam_part=muon_adam_part,
-        recipe_defaults={"split_gate_up": False, "nonfinite": "raise"},
+        # Megatron fuses gate/up and has no skip-step; the perf recipes keep Bridge's (Megatron's) spectral scale
+        recipe_defaults={"split_gate_up": False, "nonfinite": "raise", "scale_mode": "spectral"},
     ),
 )

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from nemo_muon.config.files import load_json, read_text
+from nemo_muon.config.limits import MAX_STEPS, MAX_WORLD_SIZE
 from nemo_muon.reporting.records import RunLog, TrainPoint, ValPoint
+
+MAX_METRICS_BYTES = 1 << 30
+"""Largest metrics.jsonl read (1 GiB: millions of steps at a few hundred bytes a line)."""
 
 _TRAIN_FIELDS = ("loss", "lr", "grad_norm", "tokens", "step_time_s", "optimizer_time_s", "tokens_per_s",
                  "model_tflops", "ns_tflops", "elapsed_s")
@@ -22,14 +26,15 @@ def _number(value: Any) -> float | None:
 
 
 def _count(value: Any) -> int | None:
-    """A bool (``skipped``) as 0 / 1, a non-negative int as itself, anything else None."""
+    """A bool (``skipped``) as 0 / 1, an int in [0, `MAX_STEPS`] as itself, anything else None."""
     if isinstance(value, bool):
         return int(value)
-    return value if isinstance(value, int) and value >= 0 else None
+    return value if isinstance(value, int) and 0 <= value <= MAX_STEPS else None
 
 
 def _step(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    """A step: an int in [0, `MAX_STEPS`] (``10**400`` is no step of a run), else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEPS:
         return None
     return value
 
@@ -46,9 +51,9 @@ def parse_metrics_jsonl(text: str, *, name: str, source: Path) -> RunLog:
         line = line.strip()
         if not line:
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
+        try:  # bounded: a line nested too deeply or holding a 5000-digit number is not a record
+            obj = load_json(line, what="a metrics line")
+        except ValueError:
             run.skipped_lines += 1
             continue
         if not isinstance(obj, dict):
@@ -60,7 +65,8 @@ def parse_metrics_jsonl(text: str, *, name: str, source: Path) -> RunLog:
             run.recipe = obj.get("recipe") if isinstance(obj.get("recipe"), str) else run.recipe
             run.optimizer = obj.get("optimizer") if isinstance(obj.get("optimizer"), str) else run.optimizer
             ws = obj.get("world_size")
-            run.world_size = ws if isinstance(ws, int) and not isinstance(ws, bool) else run.world_size
+            sized = isinstance(ws, int) and not isinstance(ws, bool) and 1 <= ws <= MAX_WORLD_SIZE
+            run.world_size = ws if sized else run.world_size
         elif event == "train" and _step(obj.get("step")) is not None:
             step = obj["step"]
             train[step] = TrainPoint(step=step, **{k: _number(obj.get(k)) for k in _TRAIN_FIELDS},
@@ -81,7 +87,7 @@ def read_metrics_jsonl(path: Path, *, name: str | None = None) -> RunLog:
     """Read a metrics.jsonl file (name defaults to its folder's name). A file with lines but not one record of a
     run (no header, step, validation or stop record) is not a run's metrics: a ValueError naming it."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_text(path, max_bytes=MAX_METRICS_BYTES, what="metrics.jsonl", errors="replace")
     run = parse_metrics_jsonl(text, name=name or path.parent.name or path.stem, source=path)
     if run.skipped_lines and not run.header and not run.stop and not run.train and not run.val:
         raise ValueError(f"{path} must hold nemo-muon metrics records (JSON objects with event run / train / val / "

@@ -33,16 +33,17 @@ def _merge(name: str, runs: list[RunLog]) -> RunLog:
 
 
 def load_run(path: Path) -> RunLog:
-    """Read one run from a folder or a file; raises FileNotFoundError/ValueError naming the path when nothing fits."""
+    """Read one run from a folder or a file; raises FileNotFoundError/ValueError naming the path when nothing fits
+    (a FIFO or a device, given or as a folder's metrics.jsonl, is refused by kind before it is opened)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"run path does not exist: {path}")
-    if path.is_file():
+    if not path.is_dir():
         if path.suffix == ".jsonl":
             return read_metrics_jsonl(path)
         return read_megatron_log(path)
     jsonl = path / "metrics.jsonl"
-    if jsonl.is_file():
+    if jsonl.exists() or jsonl.is_symlink():
         return read_metrics_jsonl(jsonl, name=path.name)
     logs = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in LOG_SUFFIXES)
     runs = [r for r in (read_megatron_log(p, name=path.name) for p in logs) if r.train or r.val]

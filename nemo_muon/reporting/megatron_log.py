@@ -20,31 +20,50 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from nemo_muon.config.files import read_text
+from nemo_muon.config.limits import MAX_STEPS
 from nemo_muon.reporting.records import RunLog, TrainPoint, ValPoint
 
-_NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)"
-_END = r"(?=\s*\||\s*$)"
-_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
-_VAL = re.compile(r"validation loss at iteration\s+(\d+)")
+_A = re.ASCII
+_NUM = r"([-+]?+(?:[0-9]++(?:\.[0-9]*+)?+|\.[0-9]++)(?:[eE][-+]?+[0-9]++)?+|nan|inf)"
+"""A number, matched possessively (no backtracking into its digits): linear in its length, however long."""
+_END = r"(?=\s*+\||\s*+\Z)"
+_ITER = re.compile(r"\biteration\s++([0-9]++)\s*+/\s*+([0-9]++)\s*+\|", _A)
+_VAL = re.compile(r"validation loss at iteration\s++([0-9]++)", _A)
 _TRAIN_FIELDS: dict[str, re.Pattern[str]] = {
-    "step_time_ms": re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUM + _END),
-    "model_tflops": re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUM + _END),
-    "lr": re.compile(r"learning rate:\s*" + _NUM + _END),
-    "loss": re.compile(r"\blm loss:\s*" + _NUM + _END),
-    "grad_norm": re.compile(r"grad norm:\s*" + _NUM + _END),
-    "global_batch_size": re.compile(r"global batch size:\s*" + _NUM + _END),
-    "skipped": re.compile(r"number of skipped iterations:\s*" + _NUM + _END),
+    "step_time_ms": re.compile(r"elapsed time per iteration \(ms\):\s*+" + _NUM + _END, _A),
+    "model_tflops": re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*+" + _NUM + _END, _A),
+    "lr": re.compile(r"learning rate:\s*+" + _NUM + _END, _A),
+    "loss": re.compile(r"\blm loss:\s*+" + _NUM + _END, _A),
+    "grad_norm": re.compile(r"grad norm:\s*+" + _NUM + _END, _A),
+    "global_batch_size": re.compile(r"global batch size:\s*+" + _NUM + _END, _A),
+    "skipped": re.compile(r"number of skipped iterations:\s*+" + _NUM + _END, _A),
 }
-_VAL_LOSS = re.compile(r"lm loss value:\s*" + _NUM + _END)
-_BRIDGE_STEP = re.compile(r"Step Time\s*:\s*" + _NUM + r"s\s+GPU utilization:\s*" + _NUM + r"\s*MODEL_TFLOP/s/GPU")
-_MEM_MB = re.compile(r"\bmax allocated:\s*" + _NUM + _END)
-_MEM_RESERVED_MB = re.compile(r"\bmax reserved:\s*" + _NUM + _END)
-_MEM_GB = re.compile(r"mem-max-(allocated|reserved)-gigabytes:\s*" + _NUM + _END)
-_ARG = re.compile(r"^\s*(optimizer|world_size)\s\.{3,}\s(\S+)\s*$")  # Megatron's argument dump
+_VAL_LOSS = re.compile(r"lm loss value:\s*+" + _NUM + _END, _A)
+_BRIDGE_STEP = re.compile(r"Step Time\s*+:\s*+" + _NUM + r"s\s++GPU utilization:\s*+" + _NUM + r"\s*+MODEL_TFLOP/s/GPU",
+                          _A)
+_MEM_MB = re.compile(r"\bmax allocated:\s*+" + _NUM + _END, _A)
+_MEM_RESERVED_MB = re.compile(r"\bmax reserved:\s*+" + _NUM + _END, _A)
+_MEM_GB = re.compile(r"mem-max-(allocated|reserved)-gigabytes:\s*+" + _NUM + _END, _A)
+_ARG = re.compile(r"\s*+(optimizer|world_size)\s\.{3,}+\s(\S++)\s*+\Z", _A)  # Megatron's argument dump
+MAX_COUNT_DIGITS = 12
+"""Longest iteration number or world size read from a log (digits); a longer one is not a record."""
+MAX_LOG_BYTES = 1 << 30
+"""Largest log file read (1 GiB: a million iterations of a verbose Megatron log)."""
+
+
+def _count(text: str) -> int | None:
+    """An iteration number or a size: ASCII digits, at most `MAX_COUNT_DIGITS` of them, else None."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= MAX_COUNT_DIGITS else None
 
 
 def _float(text: str) -> float:
     return float(text)
+
+
+def _skipped(value: float | None) -> int | None:
+    """Megatron's skipped-iterations count as an int (None when absent or not a finite count)."""
+    return int(value) if value is not None and 0 <= value <= MAX_STEPS else None
 
 
 def _split_records(line: str) -> list[str]:
@@ -69,15 +88,18 @@ def parse_megatron_log(text: str, *, name: str, source: Path) -> RunLog:
         if m := _ARG.match(raw):
             if m.group(1) == "optimizer":
                 run.optimizer = run.optimizer or m.group(2)
-            elif m.group(2).isdigit():
-                run.world_size = run.world_size or int(m.group(2))
+            elif (size := _count(m.group(2))) is not None:
+                run.world_size = run.world_size or size
             continue
         line = raw if (complete or i < len(lines) - 1) else raw + "\u0000"  # an unterminated tail has no clean end
         for record in _split_records(line):
             it = _ITER.search(record)
             vm = _VAL.search(record)
-            if it:
-                step = int(it.group(1))
+            step = _count(it.group(1)) if it else None
+            if it and step is None:  # an iteration number no run reaches: not a record
+                run.skipped_lines += 1
+                continue
+            if step is not None:
                 got = {key: _float(m.group(1)) for key, rx in _TRAIN_FIELDS.items() if (m := rx.search(record))}
                 if not got:
                     run.skipped_lines += 1
@@ -87,8 +109,8 @@ def parse_megatron_log(text: str, *, name: str, source: Path) -> RunLog:
                     merged.setdefault(key, value)
             elif vm:
                 m = _VAL_LOSS.search(record)
-                if m:
-                    val.setdefault(int(vm.group(1)), _float(m.group(1)))
+                if m and (val_step := _count(vm.group(1))) is not None:
+                    val.setdefault(val_step, _float(m.group(1)))
                 else:
                     run.skipped_lines += 1
             if m := _BRIDGE_STEP.search(record):
@@ -107,7 +129,7 @@ def parse_megatron_log(text: str, *, name: str, source: Path) -> RunLog:
         run.train.append(TrainPoint(step=step, loss=f.get("loss"), lr=f.get("lr"), grad_norm=f.get("grad_norm"),
                                     step_time_s=step_time_s, model_tflops=f.get("model_tflops"),
                                     elapsed_s=elapsed if step_time_s is not None else None,
-                                    skipped=int(f["skipped"]) if "skipped" in f else None))
+                                    skipped=_skipped(f.get("skipped"))))
     if not run.train and bridge_steps:  # Bridge's own step lines when no Megatron iteration lines are present
         elapsed = 0.0
         for idx, (secs, tflops) in enumerate(bridge_steps, start=1):
@@ -122,6 +144,8 @@ def parse_megatron_log(text: str, *, name: str, source: Path) -> RunLog:
 
 
 def read_megatron_log(path: Path, *, name: str | None = None) -> RunLog:
-    """Read one Megatron/Bridge log file (name defaults to the file's stem)."""
+    """Read one Megatron/Bridge log file (name defaults to the file's stem): a regular file of at most
+    `MAX_LOG_BYTES` (`nemo_muon.config.files.read_text`; anything else is one ValueError naming it)."""
     path = Path(path)
-    return parse_megatron_log(path.read_text(encoding="utf-8", errors="replace"), name=name or path.stem, source=path)
+    text = read_text(path, max_bytes=MAX_LOG_BYTES, what="a Megatron log", errors="replace")
+    return parse_megatron_log(text, name=name or path.stem, source=path)

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from nemo_muon.config.files import write_file
 from nemo_muon.reporting.records import RunLog
 from nemo_muon.reporting.summary import RunSummary
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """The figure as a PNG at ``path``, written by `nemo_muon.config.files.write_file` (atomic, never through a
+    symbolic link)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=100, format="png")
+    return write_file(path, buffer.getvalue(), what=path.name)
 
 
 def _pyplot():
@@ -41,9 +52,10 @@ def plot_loss(runs: Sequence[RunLog], path: Path, *, x: str) -> Path:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def plot_throughput(summaries: Sequence[RunSummary], path: Path) -> Path:
@@ -65,6 +77,7 @@ def plot_throughput(summaries: Sequence[RunSummary], path: Path) -> Path:
     ax.set_title("throughput")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)

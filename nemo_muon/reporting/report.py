@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from nemo_muon._validation import shown
+from nemo_muon.config.files import make_folder, write_file
 from nemo_muon.reporting.loader import load_run
 from nemo_muon.reporting.plots import plot_loss, plot_throughput
 from nemo_muon.reporting.records import RunLog
@@ -19,6 +21,12 @@ def analyze(runs: Sequence[RunLog]) -> tuple[list[RunSummary], list[PairComparis
     return summaries, pairs
 
 
+def _brief(value: object) -> str:
+    """A field of a ``stop`` record as the report prints it: short text as is, anything else shortened (`shown`)."""
+    text = str(value)
+    return text if isinstance(value, (str, int)) and len(text) <= 80 and text.isprintable() else shown(value)
+
+
 def write_report(run_dirs: Sequence[Path], out_dir: Path) -> Path:
     """Read each run (folder with metrics.jsonl or Megatron logs, or a log file), write report.md, loss_vs_step.png,
     loss_vs_time.png and (when TFLOP/s are known) throughput.png into out_dir; return the markdown path."""
@@ -29,8 +37,10 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path) -> Path:
 
 
 def write_report_for(runs: Sequence[RunLog], out_dir: Path) -> Path:
-    """write_report for runs already loaded."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """write_report for runs already loaded. Every file is written inside ``out_dir``, atomically and never through
+    a symbolic link (`nemo_muon.config.files.write_file`); a folder that cannot be one, or a planted link, is one
+    ValueError naming it."""
+    out_dir = make_folder(out_dir, what="the report folder (--out)")
     summaries, pairs = analyze(runs)
     images = [plot_loss(runs, out_dir / "loss_vs_step.png", x="step")]
     if any(p.elapsed_s is not None for r in runs for p in r.train):
@@ -44,13 +54,11 @@ def write_report_for(runs: Sequence[RunLog], out_dir: Path) -> Path:
                   + ", ".join(f"{s.name}: {s.skipped_lines}" for s in skipped), ""]
     stopped = [r for r in runs if r.stop is not None]
     if stopped:
-        lines += ["Stopped early: " + "; ".join(f"{r.name} at step {r.stop.get('step')} ({r.stop.get('reason')})"
-                                                for r in stopped), ""]
+        lines += ["Stopped early: " + "; ".join(f"{r.name} at step {_brief(r.stop.get('step'))} "
+                                                f"({_brief(r.stop.get('reason'))})" for r in stopped), ""]
     lines += ["Sources: " + "; ".join(f"{r.name} = " + ", ".join(str(s) for s in r.sources) for r in runs), ""]
     lines += [f"![{img.stem}]({img.name})" for img in images]
-    md = out_dir / "report.md"
-    md.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return md
+    return write_file(out_dir / "report.md", "\n".join(lines) + "\n", what="report.md")
 
 
 def render_table(run_paths: Sequence[Path], *, markdown: bool = False) -> str:

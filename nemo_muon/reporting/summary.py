@@ -139,7 +139,7 @@ def compare_pair(muon: RunLog, adamw: RunLog) -> PairComparison | None:
     )
 
 
-_OPT_TOKEN = re.compile(r"(^|[_\-.])(dist_)?(muon|adamw|adam|soap)(?=$|[_\-.])", re.IGNORECASE)
+_OPT_TOKEN = re.compile(r"(^|[_\-.])(dist_)?(muon|adamw|adam|soap)(?=\Z|[_\-.])", re.IGNORECASE | re.ASCII)
 
 
 def _pair_key(run: RunLog) -> str:

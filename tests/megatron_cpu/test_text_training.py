@@ -38,7 +38,7 @@ def test_tiny_kimi_k2_trains_on_text_and_validates(text_run, optimizer):
     recipe = get_recipe(f"tiny_kimi_k2_{optimizer}")
     opt = recipe.optimizer
     if optimizer == "muon":
-        opt = dataclasses.replace(opt, **MEGATRON_MUON_DEFAULTS)
+        opt = dataclasses.replace(opt, **{**MEGATRON_MUON_DEFAULTS, "scale_mode": opt.scale_mode})  # the tiny's
     assert isinstance(opt, AdamWConfig) is (optimizer == "adamw")
     ranks = run_distributed(train_on_text, 2, (recipe.model.name, opt, text_run), timeout_s=300)
     assert ranks[0] == ranks[1]  # all-reduced losses: both ranks report the same curve
