@@ -17,19 +17,27 @@ from nemo_muon.models.specs import KIMI_K2
 
 
 def _kimi_k2(name: str, optimizer: str, precision: str = "mxfp8", gpu: str = "gb300") -> TrainingRecipe:
-    """Bridge's preset; with Muon at TP = 1, split ownership at ``DEFAULT_BALANCE_TARGET``: Kimi K2's largest
-    matrices split over blocks of DP ranks until each stage's NS load is within 2% of its mean (1.108 whole-tensor,
-    ``nemo-muon plan --recipe kimi_k2_muon --json``, ``ns_split``)."""
-    out = bridge_perf_recipe(name, KIMI_K2, optimizer=optimizer, gpu=gpu, precision=precision)
-    if optimizer == "muon" and out.parallelism.tp == 1:
-        out = out.replace(optimizer=dataclasses.replace(out.optimizer, ns_split_target=DEFAULT_BALANCE_TARGET))
-    return out
+    """Bridge's preset with ``optimizer``, on the least-patched path of every stack (Megatron's own gradient and
+    parameter wiring: ``optimizer.collectives='all_reduce'``, whole-tensor ownership)."""
+    return bridge_perf_recipe(name, KIMI_K2, optimizer=optimizer, gpu=gpu, precision=precision)
 
 
 @recipe
 def kimi_k2_muon() -> TrainingRecipe:
     """Kimi K2, 256 GB300, MXFP8, layer-wise distributed Muon (the blog's 1,080 TFLOP/s/GPU configuration)."""
     return _kimi_k2("kimi_k2_muon", "muon")
+
+
+@recipe
+def kimi_k2_muon_split() -> TrainingRecipe:
+    """kimi_k2_muon with split ownership (opt in after ``nemo-muon preflight`` passed on the allocation): the largest
+    matrices' Newton–Schulz split over blocks of DP ranks until each stage's NS load is within
+    ``DEFAULT_BALANCE_TARGET`` (2%) of its mean (1.108 whole-tensor: ``nemo-muon plan --recipe kimi_k2_muon --json``,
+    ``ns_split``), gradients reduced to their owners (the split lives in DDP's cost layout on Megatron-Core >= 0.18).
+    Both are collectives of ours that have run on gloo here, not yet on NCCL."""
+    base = _kimi_k2("kimi_k2_muon_split", "muon")
+    return base.replace(optimizer=dataclasses.replace(base.optimizer, ns_split_target=DEFAULT_BALANCE_TARGET,
+                                                      collectives="reduce_scatter"))
 
 
 @recipe

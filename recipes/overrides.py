@@ -169,27 +169,41 @@ def apply_overrides(recipe: TrainingRecipe, overrides: Sequence[str] | Mapping[s
     """A new, validated recipe with ``overrides`` applied in order (the input recipe is not changed).
 
     ``overrides`` is a list of ``key=value`` strings or a mapping key -> value (strings are converted by type).
+    Consecutive fields of one section are set together, then validated: ``optimizer.engine=megatron
+    optimizer.collectives=all_reduce`` is taken in either order, where one field at a time would pass through a
+    combination the config refuses.
     """
     pairs = list(overrides.items()) if isinstance(overrides, Mapping) else [split_override(a) for a in overrides]
+    pending: dict[str, dict[str, Any]] = {}  # section -> fields to set together
+
+    def flush(recipe: TrainingRecipe) -> TrainingRecipe:
+        for head, fields in pending.items():
+            recipe = dataclasses.replace(recipe, **{head: dataclasses.replace(getattr(recipe, head), **fields)})
+        pending.clear()
+        return recipe
+
     for key, raw in pairs:
         check_override(key, raw)
         head, field = _canonical(key, recipe)
+        if field is not None and head != "env":
+            section = getattr(recipe, head)
+            pending.setdefault(head, {})[field] = convert_value(f"{head}.{field}", raw,
+                                                               get_type_hints(type(section))[field])
+            continue
+        recipe = flush(recipe)
         if head == "env":
             if not isinstance(raw, str):
                 raise ValueError(f"{key} must be a string; got {shown(raw)}")
             recipe = dataclasses.replace(recipe, env={**recipe.env, field: raw})
-        elif field is None and head == "optimizer":
+        elif head == "optimizer":
             recipe = dataclasses.replace(recipe, optimizer=_switch_optimizer(recipe, raw))
-        elif field is None and head == "model":
+        elif head == "model":
             check_choice("model", raw, tuple(MODEL_SPECS))
             recipe = dataclasses.replace(recipe, model=MODEL_SPECS[raw])
-        elif field is None:
+        else:
             hint = get_type_hints(TrainingRecipe)[head]
             recipe = dataclasses.replace(recipe, **{head: convert_value(key, raw, hint)})
-        else:
-            section = getattr(recipe, head)
-            value = convert_value(f"{head}.{field}", raw, get_type_hints(type(section))[field])
-            recipe = dataclasses.replace(recipe, **{head: dataclasses.replace(section, **{field: value})})
+    recipe = flush(recipe)
     recipe.validate()
     return recipe
 

@@ -10,6 +10,7 @@ continuing the uninterrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -180,28 +181,37 @@ def test_split_options_cost_and_bytes() -> None:
 
 def test_recipes_split_where_the_optimizer_executes_it() -> None:
     """The torch backend takes ``optimizer.ns_split_target`` (and ``nemo-muon plan`` prints the split it executes);
-    Kimi K2's Muon recipes ship it (every supported Megatron-Core runs it: tests/megatron_cpu); the megatron backend
-    refuses it, naming the field, with Megatron's own Muon or on a Bridge whose DDP wrap nemo-muon does not lay out."""
+    Kimi K2's split recipe opts in (the default recipe stays on Megatron's wiring, whole tensors); the megatron backend
+    refuses it, naming the field, with Megatron's own Muon, without ``collectives='reduce_scatter'`` on
+    Megatron-Core >= 0.18, or on a Bridge whose DDP wrap nemo-muon does not lay out."""
     from nemo_muon.recipes.execute import build_recipe
 
     from nemo_muon.accounting.planner import plan_recipe
-    from nemo_muon.megatron.shared.recipe_rules import _check_split
+    from nemo_muon.megatron.shared.recipe_rules import check_wiring
 
     tiny = build_recipe("tiny_kimi_k2_muon", ["optimizer.ns_split_target=1.02"])
     split = plan_recipe(tiny, 4)["ns_split"]
     assert split["executed"] is True and split["target"] == 1.02
     assert plan_recipe(build_recipe("tiny_kimi_k2_muon"), 4)["ns_split"]["executed"] is False
-    shipped = build_recipe("kimi_k2_muon")
-    assert shipped.optimizer.ns_split_target == 1.02
+    default = build_recipe("kimi_k2_muon")
+    assert default.optimizer.ns_split_target is None and default.optimizer.collectives == "all_reduce"
+    shipped = build_recipe("kimi_k2_muon_split")
+    assert shipped.optimizer.ns_split_target == 1.02 and shipped.optimizer.collectives == "reduce_scatter"
     plan = plan_recipe(shipped)
     assert plan["ns_split"]["executed"] is True and plan["ns_imbalance_within_stage_max"] <= 1.02
     assert plan["ns_split"]["extra_bytes_per_rank_max"] > 0
     with pytest.raises(ValueError, match=r"ns_split_target must be None unless the run uses optimizer.engine='nemo_muon'"
                                          r".*got 1.02"):
-        build_recipe("kimi_k2_muon", ["optimizer.engine=megatron"])
-    with pytest.raises(ValueError, match=r"unless the run uses a Megatron-Bridge whose DDP wrap nemo-muon lays out .*"
-                                         r"Bridge 0.7.0 with Megatron-Core 0.20.0\); got 1.02"):
-        _check_split(shipped, {"megatron-core": "0.20.0", "megatron-bridge": "0.7.0"}, "a test stack")
-    _check_split(shipped, {"megatron-core": "0.18.2", "megatron-bridge": "0.5.1"}, "a test stack")  # routed: taken
+        build_recipe("kimi_k2_muon_split", ["optimizer.engine=megatron", "optimizer.collectives=all_reduce"])
+    with pytest.raises(ValueError, match=r"collectives='reduce_scatter' needs, on Megatron-Core 0.20.0, a Megatron-Bridge "
+                                         r"whose DDP wrap nemo-muon lays out .*a test stack has Bridge 0.7.0"):
+        check_wiring(shipped, "0.20.0", "0.7.0", "a test stack")
+    check_wiring(shipped, "0.18.2", "0.5.1", "a test stack")  # routed to the cost layout: taken
+    check_wiring(shipped, "0.16.0", "0.3.0", "a test stack")  # 0.16: inside the layer-wise optimizer
+    whole_wiring = shipped.replace(optimizer=dataclasses.replace(shipped.optimizer, collectives="all_reduce"))
+    check_wiring(whole_wiring, "0.17.1", "0.4.2", "a test stack")
+    with pytest.raises(ValueError, match=r"unless the run uses optimizer.collectives='reduce_scatter' on Megatron-Core "
+                                         r"0.19.2 .*got 1.02"):
+        check_wiring(whole_wiring, "0.19.2", "0.6.2", "a test stack")
     with pytest.raises(ValueError, match=r"muon.ns_split_target must be a number in \[1.0, inf\); got 0.9"):
         build_recipe("tiny_kimi_k2_muon", ["optimizer.ns_split_target=0.9"])

@@ -29,8 +29,8 @@ GOOD: list[tuple[str, list[str]]] = [
 
 BAD: list[tuple[str, str, str]] = [
     # (recipe, override, start of the message every entry point prints)
-    ("kimi_k2_muon", "optimizer.lr=inf", "muon.lr must be a number in (0.0, inf); got inf"),
-    ("kimi_k2_muon", "optimizer.lr=1e400", "muon.lr must be a number in (0.0, inf); got inf"),
+    ("kimi_k2_muon", "optimizer.lr=inf", "muon.lr must be a number in [0.0, inf); got inf"),
+    ("kimi_k2_muon", "optimizer.lr=1e400", "muon.lr must be a number in [0.0, inf); got inf"),
     ("kimi_k2_muon", "optimizer.weight_decay=inf", "muon.weight_decay must be a number in [0.0, inf); got inf"),
     ("kimi_k2_muon", "optimizer.extra_scale_factor=inf", "muon.extra_scale_factor must be a number in (0.0, inf)"),
     ("kimi_k2_muon", "optimizer.adamw_eps=inf", "muon.adamw_eps must be a number in (0.0, inf); got inf"),

@@ -154,13 +154,15 @@ def test_gpu_peak_table_functions(tmp_path):
 
 @pytest.mark.parametrize("recipe_name, layout", [
     ("kimi_k2_muon", {"dp": 64, "pp": 4, "ep": 64, "layers_per_stage": (16, 16, 16, 13)}),
+    ("kimi_k2_muon_split", {"dp": 64, "pp": 4, "ep": 64, "layers_per_stage": (16, 16, 16, 13)}),
     ("qwen3_30b_a3b_muon", {"dp": 8, "ep": 8}),
 ])
 def test_planner_ns_load_equals_the_layerwise_model_plan(recipe_name, layout):
     """`nemo-muon plan` and `model_plan` (bench, docs) give the same per-rank NS load for the recipe as configured:
     the recipe's VP4 interleaved layer placement and model_plan's consecutive 16/16/16/13 stages hold the same
     layers per PP rank (the dense layer 0 on PP rank 0), and both cost gate/up as the recipe does (fused). Kimi K2's
-    recipe ships split ownership at 1.02 (whole tensors: 1.108 within a stage); Qwen3-30B-A3B on 8 needs none."""
+    split recipe opts in to split ownership at 1.02 (whole tensors: 1.108 within a stage); the others run whole
+    tensors, and the plan shows what the split would give."""
     from nemo_muon.recipes import get_recipe
 
     from nemo_muon.accounting.model_ownership import model_plan
@@ -184,7 +186,7 @@ def test_planner_ns_load_equals_the_layerwise_model_plan(recipe_name, layout):
     assert split["ns_imbalance_within_stage_max"] <= split["target"] == 1.02
     assert split["ns_imbalance_layout_bound"] <= split["ns_imbalance"]
     whole = model_plan(recipe.model, **kw)
-    if recipe_name == "kimi_k2_muon":
+    if recipe_name == "kimi_k2_muon_split":
         assert target == 1.02
         # stage 0: 15 MoE layers x 6 pinned experts on every rank, plus the dense layer's fused fc1 on one of them
         expert = matrix_ns_flops((4096, 7168)) + matrix_ns_flops((7168, 2048))
@@ -192,6 +194,9 @@ def test_planner_ns_load_equals_the_layerwise_model_plan(recipe_name, layout):
         assert 1.06 < split["ns_imbalance_layout_bound"] < split["ns_imbalance"] < whole.global_imbalance
         assert split["split_matrices"] > 0 and split["extra_bytes_per_rank_max"] > 0
         assert p["ns_imbalance_within_stage_max"] <= 1.02 < 1.1 < whole.within_stage_imbalance
+    elif recipe_name == "kimi_k2_muon":  # whole tensors (the default path); the plan shows what the split would give
+        assert target is None and p["ns_imbalance_within_stage_max"] == whole.within_stage_imbalance > 1.1
+        assert split["split_matrices"] > 0 and split["ns_imbalance_within_stage_max"] <= 1.02
     else:  # Qwen3-30B-A3B on 8 balances without a split
         assert target is None and p["ns_imbalance_within_stage_max"] == whole.within_stage_imbalance <= 1.005
         assert split["split_matrices"] == 0

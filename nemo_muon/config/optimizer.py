@@ -20,6 +20,7 @@ TPMode = Literal["duplicated", "distributed", "blockwise", "auto"]
 NSPrecision = Literal["fp32", "bf16"]
 NonFinitePolicy = Literal["skip", "raise"]
 MegatronEngine = Literal["nemo_muon", "megatron"]
+MegatronCollectives = Literal["all_reduce", "reduce_scatter"]
 
 COEFFICIENT_SETS: tuple[str, ...] = ("simple", "quintic", "polar_express")
 SCALE_MODES: tuple[str, ...] = ("spectral", "shape_scaling", "unit_rms_norm", "match_rms_adamw")
@@ -27,6 +28,7 @@ TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise", "auto")
 NS_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 NONFINITE_POLICIES: tuple[str, ...] = ("skip", "raise")
 MEGATRON_ENGINES: tuple[str, ...] = ("nemo_muon", "megatron")
+MEGATRON_COLLECTIVES: tuple[str, ...] = ("all_reduce", "reduce_scatter")
 MEGATRON_BACKEND_ONLY = "megatron_backend_only"
 """Field metadata key: the field chooses how the megatron backend builds the optimizer; no optimizer-class kwarg."""
 LAYERWISE_ENGINE_FIELD = "layerwise_engine_field"
@@ -50,7 +52,8 @@ class BaseOptimizerConfig:
     """What every optimizer config has: lr, weight decay, its registry ``name``, validation at construction."""
 
     lr: float = 3e-4
-    """Peak learning rate (the scheduler scales it)."""
+    """Peak learning rate (the scheduler scales it). 0 is accepted (a frozen phase; Megatron's warm-up starts there);
+    negative, NaN and infinite rates are refused."""
     weight_decay: float = DEFAULT_WEIGHT_DECAY
     """Decoupled weight decay, applied as p -= lr * weight_decay * p. Used as given (never pinned by a scheduler)."""
 
@@ -61,7 +64,7 @@ class BaseOptimizerConfig:
 
     def validate(self) -> None:
         """Check every field; called at construction and again when a run is built (recipes may mutate)."""
-        check_range(f"{self.name}.lr", self.lr, low=0.0, low_inclusive=False)
+        check_range(f"{self.name}.lr", self.lr, low=0.0)
         check_range(f"{self.name}.weight_decay", self.weight_decay, low=0.0)
 
     def optimizer_kwargs(self) -> dict[str, Any]:
@@ -71,7 +74,42 @@ class BaseOptimizerConfig:
 
 
 @dataclass(kw_only=True)
-class MuonConfig(BaseOptimizerConfig):
+class MatrixOptimizerConfig(BaseOptimizerConfig):
+    """What every matrix optimizer's config has besides its hyperparameters: the non-finite policy and, on the
+    megatron backend, the engine that updates the matrices and how their gradients and parameters travel."""
+
+    nonfinite: NonFinitePolicy = "skip"
+    """A non-finite gradient anywhere skips the whole step (and is reported) or raises."""
+    engine: MegatronEngine = dataclasses.field(default="nemo_muon", metadata={MEGATRON_BACKEND_ONLY: True})
+    """Megatron backend only: whose optimizer updates the matrices inside Megatron-Core's layer-wise distributed
+    optimizer: 'nemo_muon' (this package's, on every supported Megatron-Core) or 'megatron' (Megatron-Core's own:
+    TensorParallelMuon, or emerging-optimizers' SOAP on 0.18+). The torch backend always runs this package's and
+    refuses 'megatron'."""
+    collectives: MegatronCollectives = dataclasses.field(default="all_reduce", metadata={MEGATRON_BACKEND_ONLY: True})
+    """Megatron backend, engine 'nemo_muon' only: how gradients reach the matrices' owners and the updated
+    parameters come back. 'all_reduce' (the default): Megatron's own wiring, nothing of its DDP changed: DDP
+    all-reduces every gradient, the layer-wise optimizer all-gathers the updated parameters after the step.
+    'reduce_scatter': each gradient reduced to its owner and the parameters all-gathered in the next forward, about
+    2/3 of the bytes (Megatron-Core 0.16 / 0.17: DDP's bucket groups switched to our owner reduce and gather;
+    >= 0.18: DDP built on our cost layout through Megatron-Bridge 0.5 / 0.6's wrap, which split ownership on 0.18+
+    needs). Opt in where a preflight on the allocation passed: these collectives and overrides have run on gloo
+    here, not yet on NCCL (docs/operators.md). The torch backend picks its own collectives by cost and refuses
+    'reduce_scatter' here."""
+
+    def validate(self) -> None:
+        super().validate()
+        n = self.name
+        check_choice(f"{n}.nonfinite", self.nonfinite, NONFINITE_POLICIES)
+        check_choice(f"{n}.engine", self.engine, MEGATRON_ENGINES)
+        check_choice(f"{n}.collectives", self.collectives, MEGATRON_COLLECTIVES)
+        if self.collectives != "all_reduce" and self.engine != "nemo_muon":
+            raise ValueError(f"{n}.collectives must be 'all_reduce' with {n}.engine={self.engine!r} (Megatron's own "
+                             f"optimizer runs on Megatron's wiring); got {self.collectives!r}: set "
+                             f"optimizer.engine=nemo_muon or optimizer.collectives=all_reduce")
+
+
+@dataclass(kw_only=True)
+class MuonConfig(MatrixOptimizerConfig):
     """Muon for hidden matrices (orthogonalized momentum), AdamW inside the same optimizer for everything else."""
 
     momentum: float = 0.95
@@ -101,18 +139,14 @@ class MuonConfig(BaseOptimizerConfig):
     """Learning rate of the AdamW part (embeddings, head, 1-D params); None = same as lr."""
     adamw_betas: tuple[float, float] = (0.9, 0.95)
     adamw_eps: float = 1e-8
-    nonfinite: NonFinitePolicy = "skip"
-    """A non-finite gradient anywhere skips the whole step (and is reported) or raises."""
     ns_split_target: float | None = dataclasses.field(default=None, metadata={LAYERWISE_ENGINE_FIELD: True})
     """Layer-wise ownership: the NS load max/mean over the DP ranks to reach by splitting the largest matrices'
     Newton–Schulz over aligned blocks of 2, 4 or 8 DP ranks (distributed NS within the block; exact up to fp32
-    rounding); None = whole-tensor ownership only. Run by the torch backend's whole-tensor optimizer and, on the megatron backend,
-    by engine 'nemo_muon' inside Megatron-Core 0.16 with TP=1 (refused on 0.18+, where DDP's layout owns the
-    tensors). ``nemo-muon plan`` prints the plan this executes."""
-    engine: MegatronEngine = dataclasses.field(default="nemo_muon", metadata={MEGATRON_BACKEND_ONLY: True})
-    """Megatron backend only: whose Muon updates the matrices inside Megatron-Core's layer-wise distributed optimizer:
-    'nemo_muon' (this package's Muon, on Megatron-Core 0.16 and 0.18+) or 'megatron' (Megatron-Core's own
-    TensorParallelMuon). The torch backend always runs this package's Muon and refuses 'megatron'."""
+    rounding); None = whole-tensor ownership only. Run by the torch backend's whole-tensor optimizer and, on the
+    megatron backend, by engine 'nemo_muon' at TP=1: inside Megatron-Core 0.16 / 0.17's layer-wise optimizer, and on
+    >= 0.18 in DDP's cost layout (``collectives='reduce_scatter'``, Megatron-Bridge 0.5 / 0.6). The blocks' collectives
+    are ours and have not run on NCCL yet: opt in after a preflight. ``nemo-muon plan`` prints the plan this
+    executes."""
 
     name: str = dataclasses.field(default="muon", init=False)
 
@@ -127,17 +161,18 @@ class MuonConfig(BaseOptimizerConfig):
         check_choice(f"{n}.ns_precision", self.ns_precision, NS_PRECISIONS)
         check_choice(f"{n}.tp_mode", self.tp_mode, TP_MODES)
         if self.adamw_lr is not None:
-            check_range(f"{n}.adamw_lr", self.adamw_lr, low=0.0, low_inclusive=False)
+            check_range(f"{n}.adamw_lr", self.adamw_lr, low=0.0)
+            if self.lr == 0:
+                raise ValueError(f"{n}.adamw_lr must be None when {n}.lr is 0 (the AdamW part runs at adamw_lr / lr "
+                                 f"times the scheduled rate); got adamw_lr={self.adamw_lr!r}")
         _check_betas(f"{n}.adamw_betas", self.adamw_betas)
         check_range(f"{n}.adamw_eps", self.adamw_eps, low=0.0, low_inclusive=False)
-        check_choice(f"{n}.nonfinite", self.nonfinite, NONFINITE_POLICIES)
-        check_choice(f"{n}.engine", self.engine, MEGATRON_ENGINES)
         if self.ns_split_target is not None:
             check_range(f"{n}.ns_split_target", self.ns_split_target, low=1.0)
 
 
 @dataclass(kw_only=True)
-class SoapConfig(BaseOptimizerConfig):
+class SoapConfig(MatrixOptimizerConfig):
     """SOAP: Adam in the eigenbasis of Shampoo's Kronecker factors, AdamW for 1-D params and embeddings."""
 
     betas: tuple[float, float] = (0.9, 0.95)
@@ -146,10 +181,6 @@ class SoapConfig(BaseOptimizerConfig):
     eps: float = 1e-8
     precondition_frequency: int = 1
     """Refresh the eigenbasis every this many steps (honoured; Megatron-Core silently ignores it)."""
-    nonfinite: NonFinitePolicy = "skip"
-    engine: MegatronEngine = dataclasses.field(default="nemo_muon", metadata={MEGATRON_BACKEND_ONLY: True})
-    """Megatron backend only: whose SOAP updates the matrices inside Megatron-Core's layer-wise distributed optimizer:
-    'nemo_muon' (this package's SOAP, on Megatron-Core 0.16 and 0.18+) or 'megatron' (Megatron-Core's, 0.18+)."""
 
     name: str = dataclasses.field(default="soap", init=False)
 
@@ -159,8 +190,6 @@ class SoapConfig(BaseOptimizerConfig):
         check_range("soap.shampoo_beta", self.shampoo_beta, low=0.0, high=1.0, high_inclusive=False)
         check_range("soap.eps", self.eps, low=0.0, low_inclusive=False)
         check_positive_int("soap.precondition_frequency", self.precondition_frequency)
-        check_choice("soap.nonfinite", self.nonfinite, NONFINITE_POLICIES)
-        check_choice("soap.engine", self.engine, MEGATRON_ENGINES)
 
 
 @dataclass(kw_only=True)
@@ -176,6 +205,3 @@ class AdamWConfig(BaseOptimizerConfig):
         super().validate()
         _check_betas("adamw.betas", self.betas)
         check_range("adamw.eps", self.eps, low=0.0, low_inclusive=False)
-
-
-"""The type of a recipe's optimizer: any registered config (`nemo_muon.registry`)."""

@@ -314,6 +314,10 @@ class TrainingRecipe:
             raise ValueError(f"optimizer.engine must be 'nemo_muon' with backend='torch' (the torch backend always runs "
                              f"nemo-muon's optimizers); got {self.optimizer.engine!r}: set optimizer.engine=nemo_muon or "
                              "backend=megatron")
+        if self.backend == "torch" and getattr(self.optimizer, "collectives", "all_reduce") != "all_reduce":
+            raise ValueError(f"optimizer.collectives must be 'all_reduce' with backend='torch' (the megatron backend's "
+                             f"wiring; the torch backend's whole-tensor optimizer picks its collectives by cost); got "
+                             f"{self.optimizer.collectives!r}: set optimizer.collectives=all_reduce or backend=megatron")
         if self.backend == "megatron" and getattr(self.optimizer, "engine", None) == "nemo_muon" and not self.layerwise:
             raise ValueError("layerwise must be true with optimizer.engine='nemo_muon' (it runs inside Megatron's "
                              "layer-wise distributed optimizer); got layerwise=False: set layerwise=true, or "

@@ -43,7 +43,7 @@ class CoreGeneration:
     last: Minor | None
     releases: str
     build_engine: str
-    """``build_engine(opt, config, model_chunks, pg_collection, *, config_overrides=None, collectives=None)``."""
+    """``build_engine(opt, config, model_chunks, pg_collection, *, config_overrides=None)``."""
     parameter_layout: bool
     """DDP builds the layer-wise buffers from a parameter layout (``full_param_layout``): the cost layout exists."""
 

@@ -13,17 +13,21 @@ from tests.distributed import run_distributed
 from tests.megatron_cpu.training import train_through_bridge_setup_optimizer
 
 
-@pytest.mark.parametrize("spec, optimizer, ours", [("tiny_kimi_k2", "muon", "MegatronMuon"),
-                                                   ("tiny_qwen3_moe", "muon", "MegatronMuon"),
-                                                   ("tiny_qwen3_moe", "soap", "MegatronSOAP")])
-def test_bridge_setup_optimizer_builds_and_trains_ours(spec, optimizer, ours):
-    result = run_distributed(train_through_bridge_setup_optimizer, world_size=2, args=(spec, 10, optimizer),
-                             timeout_s=300)[0]
+@pytest.mark.parametrize("spec, optimizer, ours, collectives", [
+    ("tiny_kimi_k2", "muon", "MegatronMuon", None),  # the default: Megatron's wiring
+    ("tiny_qwen3_moe", "muon", "MegatronMuon", "reduce_scatter"),  # opted in
+    ("tiny_qwen3_moe", "soap", "MegatronSOAP", None)])
+def test_bridge_setup_optimizer_builds_and_trains_ours(spec, optimizer, ours, collectives):
+    result = run_distributed(train_through_bridge_setup_optimizer, world_size=2,
+                             args=(spec, 10, optimizer, "nemo_muon", collectives), timeout_s=300)[0]
     assert result["hook_installed"]
     assert "NsBalancedLayerWiseOptimizer" in result["optimizers"] and ours in result["optimizers"]  # 0.16: by NS cost
     assert "TensorParallelMuon" not in result["optimizers"]
-    # gradients reduced to their owners, parameters gathered in the next forward (nemo_muon.megatron.core_016_017.owner_reduce)
-    assert result["grads_to_owners"] and all(result["grads_to_owners"]) and result["gathers_in_flight_after_step"] > 0
+    # by default DDP all-reduces, as Megatron wires it; opted in, gradients are reduced to their owners and
+    # parameters gathered in the next forward (nemo_muon.megatron.core_016_017.owner_reduce / owner_gather)
+    to_owners = collectives == "reduce_scatter"
+    assert result["grads_to_owners"] and all(g == to_owners for g in result["grads_to_owners"])
+    assert (result["gathers_in_flight_after_step"] > 0) == to_owners
     losses = result["losses"]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
     assert result["replica_max_diff"] == 0.0

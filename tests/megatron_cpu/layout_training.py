@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,8 +120,8 @@ def train_with_layout(rank: int, world_size: int, group: Any, spec_name: str, la
              **({"pipeline_model_parallel_size": pp} if pp > 1 else {})}
     with megatron_parallel(**sizes) as parallel_state:
         run = replica(spec_name, optimizer_name, layout=layout, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                      split_target=split_target, ep=ep, **({"pp": pp} if pp > 1 else {}),
-                      build_kwargs={"grad_clip": grad_clip, **({"collectives": collectives} if collectives else {})})
+                      split_target=split_target, ep=ep, collectives=collectives, **({"pp": pp} if pp > 1 else {}),
+                      build_kwargs={"grad_clip": grad_clip})
         ddp_model, optimizer = run.ddp_model, run.optimizer
         dp_rank = parallel_state.get_data_parallel_rank()
         micro = GLOBAL_MICRO_BATCHES // parallel_state.get_data_parallel_world_size()
@@ -185,7 +186,7 @@ def train_virtual_pipeline(rank: int, world_size: int, group: Any, collectives: 
     with megatron_parallel(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=chunks_per_rank) as ps:
         model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
         torch.manual_seed(SEED)
-        opt = optimizer_config("muon")
+        opt = dataclasses.replace(optimizer_config("muon"), collectives=collectives)
         chunks, configs = [], []
         for vp_stage in range(chunks_per_rank):
             model, config, spec = _model("tiny_kimi_k2", pp=2, vp_stage=vp_stage, vp=chunks_per_rank)
@@ -196,7 +197,7 @@ def train_virtual_pipeline(rank: int, world_size: int, group: Any, collectives: 
         for config in configs:  # the schedule reads the first chunk's; every chunk's says the same
             config.finalize_model_grads_func = finalize_model_grads
             config.no_sync_func = [c.no_sync for c in chunks]
-        optimizer, _ = build_megatron_optimizer(opt, chunks, pg_collection=_pg_collection(), collectives=collectives)
+        optimizer, _ = build_megatron_optimizer(opt, chunks, pg_collection=_pg_collection())
         dp_rank = ps.get_data_parallel_rank()
         losses, sent = [], {}
         for step in range(steps):

@@ -52,21 +52,34 @@ def test_a_route_refuses_overlapping_ranges_and_a_holder_outside_the_group():
 
 
 def test_an_unknown_or_misplaced_collectives_choice_is_refused_naming_it():
+    """``optimizer.collectives`` is checked where it enters (the config) and, on Megatron-Core >= 0.18, against the DDP
+    wiring that was built (DDP decides there, before the optimizer exists)."""
+    import types
+
     from megatron.core.optimizer import OptimizerConfig
 
     from nemo_muon.config.optimizer import MuonConfig
     from nemo_muon.megatron.core_016_017.assembly import build_layer_wise
-    from nemo_muon.megatron.shared.build import build_engine
+    from nemo_muon.megatron.core_018_plus.registry_entry import check_wiring
 
-    config = OptimizerConfig(optimizer="adam", bf16=True)
+    with pytest.raises(ValueError, match=r"muon.collectives must be one of \('all_reduce', 'reduce_scatter'\); "
+                                         r"got 'ring'"):
+        MuonConfig(collectives="ring")
     if ASSEMBLY:
-        with pytest.raises(ValueError, match=r"collectives must be one of \('reduce_scatter', 'all_reduce'\); "
+        config = OptimizerConfig(optimizer="adam", bf16=True)
+        with pytest.raises(ValueError, match=r"collectives must be one of \('all_reduce', 'reduce_scatter'\); "
                                              r"got 'ring'"):
             build_layer_wise(config, [], object(), ours=MuonConfig(), collectives="ring")
-    else:
-        with pytest.raises(ValueError, match=r"decided by DDP's parameter layout on Megatron-Core >= 0.18 .*"
-                                             r"got collectives='all_reduce'"):
-            build_engine(MuonConfig(), config, [], object(), collectives="all_reduce")
+    legacy = types.SimpleNamespace(ddp_config=types.SimpleNamespace(use_distributed_optimizer=False))
+    laid_out = types.SimpleNamespace(ddp_config=types.SimpleNamespace(use_distributed_optimizer=True))
+    check_wiring(MuonConfig(), [legacy])
+    check_wiring(MuonConfig(collectives="reduce_scatter"), [laid_out])
+    with pytest.raises(ValueError, match=r"muon.collectives='reduce_scatter' but DDP was built on no layout "
+                                         r"\(all-reduce\): set optimizer.collectives=all_reduce"):
+        check_wiring(MuonConfig(collectives="reduce_scatter"), [legacy])
+    with pytest.raises(ValueError, match=r"muon.collectives='all_reduce' but DDP was built on a layer-wise parameter "
+                                         r"layout"):
+        check_wiring(MuonConfig(), [laid_out])
 
 
 @pytest.mark.parametrize("world_size, steps, timeout_s", [(2, 3, 300), (4, 1, 400)], ids=["dp2", "dp4"])

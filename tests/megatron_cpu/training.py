@@ -107,6 +107,13 @@ def _ddp(model, config, opt, layer_wise: bool, grad_reduce_in_fp32: bool = False
                                       use_layer_wise_param_layout=layout != "legacy")[0]
 
 
+def _has_layouts() -> bool:
+    """Megatron-Core >= 0.18: DDP decides the wiring from a parameter layout."""
+    from nemo_muon.megatron.generations import installed_core_generation
+
+    return installed_core_generation().parameter_layout
+
+
 def _pg_collection():
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -129,12 +136,14 @@ def _batch(step: int, dp_rank: int, vocab: int):
 def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon", grad_reduce_in_fp32: bool = False,
                   nonfinite: str = "raise", tp: int = 1, dense: bool = False, ep: int = 1,
                   split_target: float | None = None, opt: Any = None, seq: int = SEQ, layout: str = "megatron",
-                  pp: int = 1):
+                  pp: int = 1, collectives: str | None = None):
     """(model, its config, model spec, optimizer config, DDP-wrapped model with params broadcast) from the fixed
     seed: every replica and every run starts from the same weights. ``grad_reduce_in_fp32``: DDP's fp32 gradient
     buffer (the product's default is bf16 reductions). ``split_target``: Muon's ``ns_split_target``. ``opt``: an
     optimizer config to use instead of the harness's (`optimizer_config`); ``seq``: the longest sequence;
-    ``layout``: one of `LAYOUTS`."""
+    ``layout``: one of `LAYOUTS`; ``collectives``: the optimizer's ``collectives`` on Megatron-Core 0.16 / 0.17 (None:
+    the config's). On >= 0.18 DDP's wiring decides and the config says what was built: 'reduce_scatter' on a
+    layer-wise layout (Megatron's or ours), 'all_reduce' on the legacy path."""
     import torch
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -144,7 +153,12 @@ def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon"
     opt = optimizer_config(optimizer_name, engine, nonfinite) if opt is None else opt
     if split_target is not None:
         opt = dataclasses.replace(opt, ns_split_target=split_target)
+    if collectives is not None:
+        opt = dataclasses.replace(opt, collectives=collectives)
     ddp_model = _ddp(model, config, opt, optimizer_name != "adamw", grad_reduce_in_fp32, layout)
+    if hasattr(opt, "collectives") and getattr(opt, "engine", None) == "nemo_muon" and _has_layouts():
+        wired = "reduce_scatter" if ddp_model.ddp_config.use_distributed_optimizer else "all_reduce"
+        opt = dataclasses.replace(opt, collectives=wired)
     ddp_model.broadcast_params()
     return model, config, spec, opt, ddp_model
 
@@ -786,11 +800,11 @@ def train_tiny(rank: int, world_size: int, group: Any, spec_name: str, optimizer
 
 def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any, spec_name: str,
                                          steps: int, optimizer_name: str = "muon",
-                                         engine: str = "nemo_muon") -> dict[str, Any]:
+                                         engine: str = "nemo_muon", collectives: str | None = None) -> dict[str, Any]:
     """Megatron-Bridge's own ``setup_optimizer`` (what Bridge's ``setup()`` calls) on the optimizer config the product
     gives Bridge (`nemo_muon.megatron.bridge.container.bridge_optimizer_config`; on Bridge 0.3 with the engine hook installed,
     as `pretrain` does), on the tiny model: the optimizer and scheduler Bridge builds, stepped like Bridge's
-    train_step does."""
+    train_step does. ``collectives``: the optimizer's (None: the config's default)."""
     import torch
     import torch.distributed as dist
 
@@ -805,7 +819,7 @@ def train_through_bridge_setup_optimizer(rank: int, world_size: int, group: Any,
         from megatron.bridge.training.config import SchedulerConfig
         from megatron.bridge.training.optim import setup_optimizer
 
-        run = replica(spec_name, optimizer_name, build=False, engine=engine)
+        run = replica(spec_name, optimizer_name, build=False, engine=engine, collectives=collectives)
         spec, opt, ddp_model = run.spec, run.opt, run.ddp_model
         _, mapping = to_megatron_optimizer_config(opt, min_lr=0.0)
         if engine == "nemo_muon" and installed_bridge_generation().engine_entry == "hook":

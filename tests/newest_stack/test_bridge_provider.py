@@ -18,13 +18,16 @@ ASSEMBLY = core_generation(stack_release().megatron_core).name == CORE_016_017
 """Megatron-Core 0.16 / 0.17: our layer-wise assembly (26.04 here); else the registry."""
 
 
-@pytest.mark.parametrize("spec, optimizer, ours", [("tiny_kimi_k2", "muon", "MegatronMuon"),
-                                                   ("tiny_qwen3_moe", "muon", "MegatronMuon"),
-                                                   ("tiny_qwen3_moe", "soap", "MegatronSOAP"),
-                                                   ("tiny_kimi_k2", "normuon", "MegatronNorMuon")])
-def test_bridge_setup_optimizer_provides_and_trains_ours(spec, optimizer, ours):
-    result = run_distributed(train_through_bridge_setup_optimizer, world_size=2, args=(spec, 10, optimizer),
-                             timeout_s=300)[0]
+@pytest.mark.parametrize("spec, optimizer, ours, opted_in", [("tiny_kimi_k2", "muon", "MegatronMuon", False),
+                                                             ("tiny_qwen3_moe", "muon", "MegatronMuon", True),
+                                                             ("tiny_qwen3_moe", "soap", "MegatronSOAP", False),
+                                                             ("tiny_kimi_k2", "normuon", "MegatronNorMuon", False)])
+def test_bridge_setup_optimizer_provides_and_trains_ours(spec, optimizer, ours, opted_in):
+    """``opted_in``: ``optimizer.collectives='reduce_scatter'`` where provide() decides the wiring (the layer-wise
+    assembly of 0.16 / 0.17; on >= 0.18 DDP's layout decides: test_bridge_layout.py)."""
+    collectives = "reduce_scatter" if opted_in and ASSEMBLY else None
+    result = run_distributed(train_through_bridge_setup_optimizer, world_size=2,
+                             args=(spec, 10, optimizer, "nemo_muon", collectives), timeout_s=300)[0]
     assert result["config_class"] == "EngineOptimizerConfig" and result["provides"]
     assert not result["hook_installed"]  # nothing of Bridge rebound
     # Megatron-Core 0.17 (26.04): our layer-wise assembly, matrices owned by NS cost; >= 0.18: Megatron's registry
@@ -34,7 +37,9 @@ def test_bridge_setup_optimizer_provides_and_trains_ours(spec, optimizer, ours):
     assert "TensorParallelMuon" not in result["optimizers"]
     # 0.17: gradients reduced to their owners, parameters gathered in the next forward (owner_reduce); >= 0.18: the
     # legacy wiring here (Bridge's DDP on the cost layout: test_bridge_layout.py)
-    assert all(result["grads_to_owners"]) == ASSEMBLY and (result["gathers_in_flight_after_step"] > 0) == ASSEMBLY
+    to_owners = collectives == "reduce_scatter"
+    assert all(g == to_owners for g in result["grads_to_owners"])
+    assert (result["gathers_in_flight_after_step"] > 0) == to_owners
     losses = result["losses"]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
     assert result["replica_max_diff"] == 0.0

@@ -226,10 +226,12 @@ def config_container(recipe: TrainingRecipe) -> Any:
 
 
 def routes_cost_layout(opt: BaseOptimizerConfig, bridge_version: str | None = None) -> bool:
-    """Whether ``opt`` trains on the cost layout inside Bridge ``bridge_version`` (default: the installed one):
-    engine 'nemo_muon', a matrix optimizer, and a Bridge generation with a cost-layout entry (0.5 / 0.6); else
-    Megatron's legacy layer-wise path (all-reduce, uneven all-gather)."""
+    """Whether ``opt`` trains on the cost layout inside Bridge ``bridge_version`` (default: the installed one): a
+    matrix optimizer with engine 'nemo_muon' and ``collectives='reduce_scatter'`` (opted in), on a Bridge generation
+    with a cost-layout entry (0.5 / 0.6); else Megatron's legacy layer-wise path (all-reduce, uneven all-gather)."""
     if optimizer_engine(opt) != ENGINE_NEMO_MUON or spec_for(opt).matrix is None:
+        return False
+    if getattr(opt, "collectives", "all_reduce") != "reduce_scatter":
         return False
     generation = installed_bridge_generation() if bridge_version is None else bridge_generation(bridge_version)
     return generation.cost_layout is not None

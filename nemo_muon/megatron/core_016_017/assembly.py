@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from nemo_muon.config.optimizer import BaseOptimizerConfig
+from nemo_muon.config.optimizer import MEGATRON_COLLECTIVES, BaseOptimizerConfig
 from nemo_muon.megatron.core_016_017.cost_balanced import ns_balanced_class
 from nemo_muon.megatron.core_016_017.owner_gather import gather_in_forward
 from nemo_muon.megatron.core_016_017.owner_reduce import reduce_to_owners
@@ -28,17 +28,16 @@ from nemo_muon.megatron.shared.engine import (
 from nemo_muon.megatron.shared.nonfinite import apply_nonfinite_policy
 from nemo_muon.registry import spec_for
 
-COLLECTIVES = ("reduce_scatter", "all_reduce")
-"""How gradients and parameters travel (`build_layer_wise`): reduced to their owners and gathered in the next
-forward, or Megatron's legacy all-reduce and end-of-step all-gather."""
-DEFAULT_COLLECTIVES = "reduce_scatter"
+COLLECTIVES = MEGATRON_COLLECTIVES
+"""How gradients and parameters travel (`build_layer_wise`): Megatron's legacy all-reduce and end-of-step
+all-gather, or reduced to their owners and gathered in the next forward (the recipe's ``optimizer.collectives``)."""
 OWNERSHIPS = ("ns_cost", "megatron")
 """Who owns which matrix (`build_layer_wise`): LPT on the update cost, or Megatron's own numel ping-pong."""
 
 
 def build_layer_wise(config: Any, model_chunks: list[Any], pg_collection: Any, config_overrides: Any = None, *,
                          ours: BaseOptimizerConfig, ownership: str = "ns_cost",
-                         collectives: str = "reduce_scatter") -> Any:
+                         collectives: str = "all_reduce") -> Any:
     """Megatron-Core 0.16: our Muon for the 2-D non-embedding weights, Megatron's Adam for the rest, both inside
     Megatron's `LayerWiseDistributedOptimizer` (the assembly `get_megatron_muon_optimizer` does, with our class).
     ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), applied to both parts.
@@ -126,8 +125,8 @@ def _init_adam_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
 
 
 def build_engine(opt: BaseOptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
-                 config_overrides: Any = None, collectives: str | None = None) -> Any:
-    """This generation's engine 'nemo_muon' (`nemo_muon.megatron.generations`): `build_layer_wise` with
-    ``collectives`` (None: `DEFAULT_COLLECTIVES`)."""
+                 config_overrides: Any = None) -> Any:
+    """This generation's engine 'nemo_muon' (`nemo_muon.megatron.generations`): `build_layer_wise` with the
+    recipe's ``optimizer.collectives``."""
     return build_layer_wise(config, model_chunks, pg_collection, config_overrides, ours=opt,
-                            collectives=collectives or DEFAULT_COLLECTIVES)
+                            collectives=opt.collectives)

@@ -40,43 +40,38 @@ def mpu_process_groups() -> Any:
 
 
 def build_engine(opt: BaseOptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
-                 config_overrides: Any = None, collectives: str | None = None) -> Any:
+                 config_overrides: Any = None) -> Any:
     """Engine 'nemo_muon' (our Muon / SOAP / ... inside Megatron's layer-wise optimizer) on the installed
     Megatron-Core, by its generation's ``build_engine`` (`nemo_muon.megatron.generations`). ``config``: a Megatron
     `OptimizerConfig` our mapping wrote from ``opt``; ``config_overrides``: Megatron's per-parameter overrides
-    (Bridge's weight-decay rules). ``collectives``: how gradients and parameters travel, where the generation lets
-    the engine choose (0.16 / 0.17; None: its default). The entry of Bridge's optimizer setup (``provide()``, the
-    Bridge 0.3 hook): the installed stack is checked here."""
+    (Bridge's weight-decay rules). How gradients and parameters travel is ``opt.collectives``. The entry of Bridge's
+    optimizer setup (``provide()``, the Bridge 0.3 hook): the installed stack is checked here."""
     check_installed_stack(opt.name, optimizer_engine(opt))
-    return _engine(opt, config, model_chunks, pg_collection, config_overrides=config_overrides,
-                   collectives=collectives)
+    return _engine(opt, config, model_chunks, pg_collection, config_overrides=config_overrides)
 
 
 def _engine(opt: BaseOptimizerConfig, config: Any, model_chunks: list[Any], pg_collection: Any, *,
-            config_overrides: Any = None, collectives: str | None = None) -> Any:
+            config_overrides: Any = None) -> Any:
     """`build_engine` once the stack was checked."""
     if pg_collection is None:
         raise ValueError("pg_collection must be a ProcessGroupCollection (dp_cp, expt_dp set) for the layer-wise "
                          "optimizer; got None")
     return entry(installed_core_generation().build_engine)(opt, config, model_chunks, pg_collection,
-                                                           config_overrides=config_overrides, collectives=collectives)
+                                                           config_overrides=config_overrides)
 
 
 def build_from_megatron_config(opt: BaseOptimizerConfig, config: Any, spec: MegatronOptimizerSpec,
-                               model_chunks: list[Any], *, pg_collection: Any = None,
-                               collectives: str | None = None) -> Any:
+                               model_chunks: list[Any], *, pg_collection: Any = None) -> Any:
     """The Megatron optimizer of ``config`` (an `OptimizerConfig` from `to_megatron_optimizer_config`, possibly
     adjusted by a framework, e.g. NeMo's precision plugin) for DDP-wrapped ``model_chunks``.
 
     ``pg_collection`` (a `ProcessGroupCollection` with ``dp_cp`` and ``expt_dp`` set) is required by the layer-wise
-    optimizer of Megatron-Core >= 0.18 and passed explicitly; no process group is looked up here. ``collectives``:
-    engine 'nemo_muon' on 0.16 / 0.17 (`build_engine`). The installed stack is checked here, once.
+    optimizer of Megatron-Core >= 0.18 and passed explicitly; no process group is looked up here. The installed stack
+    is checked here, once.
     """
     check_installed_stack(opt.name, optimizer_engine(opt))
     if spec.builder == BUILDER_NEMO_MUON:
-        return _engine(opt, config, model_chunks, pg_collection, collectives=collectives)
-    if collectives is not None:
-        raise ValueError(f"collectives applies to engine 'nemo_muon'; {opt.name} is built by {spec.builder}")
+        return _engine(opt, config, model_chunks, pg_collection)
     if spec.builder == "get_megatron_muon_optimizer":  # Megatron-Core 0.16 / 0.17's own Muon
         from megatron.core.optimizer.muon import get_megatron_muon_optimizer
 
@@ -100,11 +95,9 @@ def build_megatron_optimizer(
     layerwise: bool = True,
     pg_collection: Any = None,
     min_lr: float | None = None,
-    collectives: str | None = None,
 ) -> tuple[Any, Any]:
     """(Megatron optimizer, its `OptimizerConfig`) for DDP-wrapped ``model_chunks`` (see `build_from_megatron_config`).
     ``min_lr``: the floor Megatron's `OptimizerParamScheduler` decays to (None: no scheduler drives it)."""
     config, spec = to_megatron_optimizer_config(opt, grad_clip=grad_clip, bf16=bf16, layerwise=layerwise,
                                                 min_lr=min_lr)
-    return build_from_megatron_config(opt, config, spec, model_chunks, pg_collection=pg_collection,
-                                      collectives=collectives), config
+    return build_from_megatron_config(opt, config, spec, model_chunks, pg_collection=pg_collection), config

@@ -33,26 +33,32 @@ def _check_architecture(recipe: TrainingRecipe) -> None:
                          f" got {shown}")
 
 
-def _check_split(recipe: TrainingRecipe, versions: dict[str, str | None], where: str) -> None:
-    """``optimizer.ns_split_target`` runs in our ownership inside Megatron's layer-wise optimizer: engine nemo_muon,
-    TP = 1; on Megatron-Core 0.16 / 0.17 in that optimizer (`nemo_muon.megatron.core_016_017.cost_balanced`), on >= 0.18 in DDP's
-    cost layout (`nemo_muon.megatron.core_018_plus.cost_layout`), which Bridge builds through `nemo_muon.megatron.bridge_05_06.layout`."""
-    target = getattr(recipe.optimizer, "ns_split_target", None)
+def check_wiring(recipe: TrainingRecipe, mcore: str | None, bridge: str | None, where: str) -> None:
+    """``optimizer.collectives='reduce_scatter'`` and ``optimizer.ns_split_target`` run in our ownership inside
+    Megatron's layer-wise optimizer (engine nemo_muon; a split at TP = 1): on Megatron-Core 0.16 / 0.17 in that optimizer
+    (`nemo_muon.megatron.core_016_017`), on >= 0.18 in DDP's cost layout (`nemo_muon.megatron.core_018_plus.cost_layout`),
+    which only a Bridge generation with a cost-layout entry builds, and a split needs it there. ``mcore`` / ``bridge``:
+    the versions of the stack the run trains on (`stack.target_bridge_stack`), described by ``where``."""
+    from nemo_muon.megatron.generations import bridge_generation, core_generation
+
+    opt = recipe.optimizer
+    target, collectives = getattr(opt, "ns_split_target", None), getattr(opt, "collectives", "all_reduce")
+    layout_core = mcore is not None and core_generation(mcore).parameter_layout
+    no_layout_bridge = bridge is not None and bridge_generation(bridge).cost_layout is None
+    if collectives == "reduce_scatter" and layout_core and no_layout_bridge:
+        raise ValueError(f"optimizer.collectives='reduce_scatter' needs, on Megatron-Core {mcore}, a Megatron-Bridge whose "
+                         f"DDP wrap nemo-muon lays out (0.5.x / 0.6.x; {where} has Bridge {bridge}); got "
+                         "'reduce_scatter': set optimizer.collectives=all_reduce")
     if target is None:
         return
-    from nemo_muon.megatron.generations import bridge_generation, core_generation
-    from nemo_muon.megatron.shared.stack import MBRIDGE, MCORE
-
     why = None
-    mcore, bridge = versions.get(MCORE), versions.get(MBRIDGE)
-    if getattr(recipe.optimizer, "engine", None) != "nemo_muon":
+    if getattr(opt, "engine", None) != "nemo_muon":
         why = "optimizer.engine='nemo_muon' (Megatron's own Muon owns whole tensors)"
     elif recipe.parallelism.tp != 1:
         why = f"parallelism.tp=1 (a split inside a tensor-parallel shard is not supported; got tp={recipe.parallelism.tp})"
-    elif (mcore is not None and core_generation(mcore).parameter_layout and bridge is not None
-          and bridge_generation(bridge).cost_layout is None):
-        why = (f"a Megatron-Bridge whose DDP wrap nemo-muon lays out (0.5.x / 0.6.x on Megatron-Core >= 0.18; "
-               f"{where} has Bridge {bridge} with Megatron-Core {mcore})")
+    elif layout_core and collectives != "reduce_scatter":
+        why = (f"optimizer.collectives='reduce_scatter' on Megatron-Core {mcore} ({where}: the split lives in DDP's "
+               "cost layout)")
     if why is not None:
         raise ValueError(f"optimizer.ns_split_target must be None unless the run uses {why}; got {target!r} "
                          "(optimizer.ns_split_target=none: whole tensors)")
@@ -62,7 +68,7 @@ def check_megatron_recipe(recipe: TrainingRecipe) -> None:
     """Raise a ValueError naming the field, the value and what is allowed for anything the megatron backend refuses."""
     from nemo_muon.megatron.bridge.container import bridge_field_overrides, bridge_optimizer_spec, check_supported
     from nemo_muon.megatron.shared.optimizer_config import API_FIELDS, api_for_version
-    from nemo_muon.megatron.shared.stack import MCORE, check_recipe_stack, target_stack
+    from nemo_muon.megatron.shared.stack import MCORE, check_recipe_stack, target_bridge_stack, target_stack
 
     sys_ = recipe.system
     if sys_.gpu == "cpu":
@@ -87,5 +93,5 @@ def check_megatron_recipe(recipe: TrainingRecipe) -> None:
         bridge_optimizer_spec(recipe, fields=set(API_FIELDS[api]))
     except ValueError as e:
         raise ValueError(f"{e} (Megatron-Core {versions[MCORE]}, {where})") from None
-    _check_split(recipe, versions, where)
+    check_wiring(recipe, *target_bridge_stack())
     bridge_field_overrides(recipe)

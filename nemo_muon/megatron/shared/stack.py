@@ -182,6 +182,18 @@ def target_bridge() -> tuple[str, str]:
         return get_release(tag).megatron_bridge, f"the nemo:{tag} container stack"
 
 
+def target_bridge_stack() -> tuple[str | None, str, str]:
+    """(Megatron-Core version, Bridge version, description) of the one stack a megatron run trains on: the installed
+    pair where Bridge is installed, else the container release's pair (``$NEMO_MUON_RELEASE`` or the default), never
+    an installed Megatron-Core with another release's Bridge."""
+    try:
+        bridge = importlib.metadata.version(MBRIDGE)
+    except importlib.metadata.PackageNotFoundError:
+        release = get_release(current_release().tag)
+        return release.megatron_core, release.megatron_bridge, f"the nemo:{release.tag} container stack"
+    return installed_versions()[MCORE], bridge, "the installed stack"
+
+
 def target_stack() -> tuple[dict[str, str | None], str]:
     """(versions, description) of the stack a megatron run builds on: the installed one where Megatron-Core is
     installed, else the container release's (``$NEMO_MUON_RELEASE`` or the default, with what our image adds)."""
