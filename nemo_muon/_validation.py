@@ -80,3 +80,21 @@ def check_positive_int(field: str, value: Any, *, minimum: int = 1, maximum: int
         allowed = f"an integer >= {minimum}" if maximum is None and (not isinstance(value, int) or value < high) \
             else f"an integer in [{minimum}, {high}]"
         raise ValueError(f"{field} must be {allowed}; got {shown(value)}")
+
+
+_VALIDATED_AS = "_nemo_muon_validated_as"
+"""Where `validate_once` keeps the field values a config was last validated with (outside its fields)."""
+
+
+def validate_once(config: Any) -> None:
+    """``config.validate()`` unless the config (a dataclass) was validated with exactly its current field values:
+    a value is validated where it enters (at construction), and a recipe that checks its sections again re-validates
+    only those changed since (recipes and overrides may mutate them in place)."""
+    import copy
+    import dataclasses
+
+    values = copy.deepcopy([getattr(config, f.name) for f in dataclasses.fields(config)])
+    if config.__dict__.get(_VALIDATED_AS) == values:
+        return
+    config.validate()
+    config.__dict__[_VALIDATED_AS] = values

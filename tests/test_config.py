@@ -122,3 +122,47 @@ def test_corpus_root_only_with_the_stdlib_text_corpus():
     with pytest.raises(ValueError, match=r"data.corpus_root must be None unless data.kind='stdlib_text' \(it names a "
                                          r"\.py corpus\); got '/data/py' with data.kind='mock'"):
         DataConfig(kind="mock", corpus_root="/data/py")
+
+
+def test_a_section_changed_in_place_is_validated_again_and_an_unchanged_one_is_not():
+    """`validate_once`: a recipe validates each section where it is made; `TrainingRecipe.validate` validates again
+    only what changed since (in place included), so a bad value set after construction is still refused."""
+    from nemo_muon.recipes import get_recipe
+
+    recipe = get_recipe("tiny_kimi_k2_muon")
+    recipe.validate()
+    recipe.optimizer.lr = 0.0  # a frozen phase: accepted
+    recipe.validate()
+    recipe.optimizer.lr = -1.0
+    with pytest.raises(ValueError, match=r"muon.lr must be a number in \[0.0, inf\); got -1.0"):
+        recipe.validate()
+    recipe.optimizer.adamw_betas = (0.9, 0.95)
+    recipe.optimizer.lr = 0.02
+    recipe.trainer.max_steps = 0
+    with pytest.raises(ValueError, match="trainer.max_steps"):
+        recipe.validate()
+
+
+def test_a_learning_rate_of_zero_is_accepted_where_megatron_accepts_it():
+    """lr 0 (a frozen phase; Megatron's warm-up starts there) builds every optimizer config and steps without moving
+    a weight; negative, NaN and infinite rates stay refused."""
+    import torch
+
+    from nemo_muon.config.optimizer import AdamWConfig, SoapConfig
+    from nemo_muon.optim.muon import Muon
+    from nemo_muon.optim.soap import SOAP
+
+    for cfg in (MuonConfig(lr=0.0), SoapConfig(lr=0.0), AdamWConfig(lr=0.0)):
+        assert cfg.lr == 0.0
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    before = [p.detach().clone() for p in model.parameters()]
+    for opt in (Muon(model, lr=0.0), SOAP(model, lr=0.0)):
+        model(torch.randn(4, 8)).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    for bad in (-1e-3, math.nan, math.inf):
+        with pytest.raises(ValueError, match="muon.lr must be a number in"):
+            MuonConfig(lr=bad)
+    with pytest.raises(ValueError, match=r"muon.adamw_lr must be None when muon.lr is 0"):
+        MuonConfig(lr=0.0, adamw_lr=1e-3)

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nemo_muon._validation import check_choice, check_positive_int, check_range
+from nemo_muon._validation import check_choice, check_positive_int, check_range, validate_once
 
 CoefficientSet = Literal["simple", "quintic", "polar_express"]
 ScaleMode = Literal["spectral", "shape_scaling", "unit_rms_norm", "match_rms_adamw"]
@@ -60,7 +60,7 @@ class BaseOptimizerConfig:
     name: str = dataclasses.field(default="", init=False)
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     def validate(self) -> None:
         """Check every field; called at construction and again when a run is built (recipes may mutate)."""

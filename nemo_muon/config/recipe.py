@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from nemo_muon._validation import check_choice, check_positive_int, check_range
+from nemo_muon._validation import check_choice, check_positive_int, check_range, validate_once
 from nemo_muon.config.limits import (
     CPU_COLLECTIVE_TIMEOUT_S,
     GPU_COLLECTIVE_TIMEOUT_S,
@@ -58,7 +58,7 @@ class ParallelismConfig:
     (the layout itself is checked against the model by nemo_muon.accounting.layout.validate_layout)."""
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     def validate(self) -> None:
         for name in ("tp", "pp", "vp", "cp", "ep", "etp"):
@@ -97,7 +97,7 @@ class SystemConfig:
     timeout; Megatron-Bridge's dist.distributed_timeout_minutes). None = 300 s on gpu='cpu', 600 s on GPUs."""
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     def validate(self) -> None:
         check_choice("system.gpu", self.gpu, GPUS)
@@ -147,7 +147,7 @@ class TrainerConfig:
     gradient (a diverged run); 0 = warn only, never stop."""
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     def validate(self) -> None:
         check_positive_int("trainer.max_steps", self.max_steps, maximum=MAX_STEPS)
@@ -174,7 +174,7 @@ class SchedulerConfig:
     """For kind='wsd': the fraction of max_steps spent in the final decay."""
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     def validate(self) -> None:
         check_choice("scheduler.kind", self.kind, SCHEDULERS)
@@ -199,7 +199,7 @@ class DataConfig:
     """Deterministic tail fraction of the corpus held out for validation."""
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     def validate(self) -> None:
         check_choice("data.kind", self.kind, DATA_KINDS)
@@ -218,7 +218,7 @@ class PrecisionConfig:
     kind: str = "mxfp8"
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     def validate(self) -> None:
         check_choice("precision.kind", self.kind, PRECISIONS)
@@ -239,7 +239,7 @@ class CheckpointConfig:
     checkpoint's; the changes are recorded in metrics.jsonl. False = such a resume is refused."""
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     def validate(self) -> None:
         check_positive_int("checkpoint.save_interval", self.save_interval, minimum=0)
@@ -260,7 +260,7 @@ class LoggingConfig:
     """Also write TensorBoard events when the tensorboard package is installed."""
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     def validate(self) -> None:
         check_mount_safe_path("logging.root", self.root)
@@ -298,17 +298,18 @@ class TrainingRecipe:
     Face config.json, from which Bridge builds the model (it reaches no Hub); None elsewhere."""
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     def validate(self) -> None:
-        """Validate every section again (recipes and overrides may have mutated them)."""
+        """Validate the recipe's own rules, and every section changed since it was validated (recipes and overrides may
+        have mutated them)."""
         check_run_name("recipe.name", self.name)  # the default run folder name
         if not isinstance(self.optimizer, BaseOptimizerConfig):  # which one: nemo_muon.registry (run_checks)
             raise ValueError(f"recipe.optimizer must be an optimizer config (nemo_muon.registry lists them); got "
                              f"{type(self.optimizer).__name__}")
         for section in (self.model, self.optimizer, self.parallelism, self.system, self.trainer, self.scheduler,
                         self.data, self.precision, self.checkpoint, self.logging):
-            section.validate()
+            validate_once(section)  # validated where it entered; again only if changed since
         check_choice("recipe.backend", self.backend, BACKENDS)
         if self.backend == "torch" and getattr(self.optimizer, "engine", "nemo_muon") != "nemo_muon":
             raise ValueError(f"optimizer.engine must be 'nemo_muon' with backend='torch' (the torch backend always runs "

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from nemo_muon._validation import check_choice, check_positive_int
+from nemo_muon._validation import check_choice, check_positive_int, validate_once
 
 MIN_VOCAB_SIZE = 2
 """A vocabulary of one token has nothing to predict (the loss is 0 from the first step)."""
@@ -63,7 +63,7 @@ class ModelSpec:
     max_position_embeddings: int = 4096
 
     def __post_init__(self) -> None:
-        self.validate()
+        validate_once(self)
 
     @property
     def attention(self) -> str:

@@ -33,7 +33,9 @@ PRECISION_TO_BRIDGE: dict[str, str] = {
 
 
 def bridge_recipe_kwargs(recipe: TrainingRecipe) -> dict[str, Any]:
-    """Keyword arguments of the Bridge 0.3.0 library recipe (`BRIDGE_BASE_RECIPES`) for this recipe."""
+    """Keyword arguments of the Bridge 0.3.0 library recipe (`BRIDGE_BASE_RECIPES`) for this recipe. No learning
+    rate: the library recipe's optimizer config is replaced by ours (`bridge.container.bridge_optimizer_config`), the
+    one place the rate is mapped onto Megatron's config, and its scheduler config holds none."""
     check_supported(recipe)
     par, tr = recipe.parallelism, recipe.trainer
     kw: dict[str, Any] = {
@@ -45,8 +47,6 @@ def bridge_recipe_kwargs(recipe: TrainingRecipe) -> dict[str, Any]:
         "global_batch_size": tr.global_batch_size,
         "micro_batch_size": tr.micro_batch_size,
         "seq_length": tr.seq_length,
-        "lr": recipe.optimizer.lr,
-        "min_lr": recipe.optimizer.lr * recipe.scheduler.min_lr_ratio,
         "lr_warmup_iters": recipe.scheduler.warmup_steps,
         "precision_config": PRECISION_TO_BRIDGE[recipe.precision.kind],
     }
