@@ -168,12 +168,20 @@ def _switch_optimizer(recipe: TrainingRecipe, kind: Any) -> Any:
 def apply_overrides(recipe: TrainingRecipe, overrides: Sequence[str] | Mapping[str, Any]) -> TrainingRecipe:
     """A new, validated recipe with ``overrides`` applied in order (the input recipe is not changed).
 
-    ``overrides`` is a list of ``key=value`` strings or a mapping key -> value (strings are converted by type).
+    ``overrides`` is a list of ``key=value`` strings or a mapping key -> value (strings are converted by type, each
+    where it is given). Consecutive fields of sections are set together, so a rule between two fields of one section
+    holds whichever comes first (``optimizer.coefficients=aol optimizer.ns_steps=4``).
     """
     pairs = list(overrides.items()) if isinstance(overrides, Mapping) else [split_override(a) for a in overrides]
+    pending: dict[str, dict[str, Any]] = {}
     for key, raw in pairs:
         check_override(key, raw)
         head, field = _canonical(key, recipe)
+        if field is not None and head != "env":
+            hints = get_type_hints(type(getattr(recipe, head)))
+            pending.setdefault(head, {})[field] = convert_value(f"{head}.{field}", raw, hints[field])
+            continue
+        recipe = _set_fields(recipe, pending)
         if head == "env":
             if not isinstance(raw, str):
                 raise ValueError(f"{key} must be a string; got {shown(raw)}")
@@ -183,14 +191,20 @@ def apply_overrides(recipe: TrainingRecipe, overrides: Sequence[str] | Mapping[s
         elif field is None and head == "model":
             check_choice("model", raw, tuple(MODEL_SPECS))
             recipe = dataclasses.replace(recipe, model=MODEL_SPECS[raw])
-        elif field is None:
+        else:
             hint = get_type_hints(TrainingRecipe)[head]
             recipe = dataclasses.replace(recipe, **{head: convert_value(key, raw, hint)})
-        else:
-            section = getattr(recipe, head)
-            value = convert_value(f"{head}.{field}", raw, get_type_hints(type(section))[field])
-            recipe = dataclasses.replace(recipe, **{head: dataclasses.replace(section, **{field: value})})
+    recipe = _set_fields(recipe, pending)
     recipe.validate()
+    return recipe
+
+
+def _set_fields(recipe: TrainingRecipe, pending: dict[str, dict[str, Any]]) -> TrainingRecipe:
+    """``recipe`` with the converted field values of ``pending`` (section -> field -> value) set, each section
+    replaced once (and so validated once, with all its new values); ``pending`` is emptied."""
+    for head, values in pending.items():
+        recipe = dataclasses.replace(recipe, **{head: dataclasses.replace(getattr(recipe, head), **values)})
+    pending.clear()
     return recipe
 
 
