@@ -164,7 +164,8 @@ class PythonStrings:
     """What a Python-syntax value (NeMo-Run's ``key=value``) holds, parsed with `ast`, never evaluated."""
 
     names: tuple[str, ...]
-    """Strings in a name position: dict keys, keyword names, the first item of each ``dict([(k, v), ...])`` pair."""
+    """Strings in a name position: dict keys, keyword names, the first item of each ``dict([(k, v), ...])`` pair,
+    and every name written literally before ':' or '=' anywhere in the text."""
     values: tuple[str, ...]
     """Every string it holds, escapes decoded, concatenations (implicit, ``+``, f-strings of literals) joined."""
     computed: bool
@@ -172,6 +173,9 @@ class PythonStrings:
     conditions): what it would evaluate to cannot be seen without running it."""
 
 
+_LITERAL_NAME = re.compile(r"""['"]?(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*+)['"]?\s*+[:=]""", re.ASCII)
+"""A name written literally before ':' or '=' (``{'HF_TOKEN': ...``, ``HF_TOKEN=...``): starts only at the first
+character of a name and never backtracks into it, so it is linear (without both, a 100 KB value took minutes)."""
 _LITERAL_NODES = (ast.Expression, ast.Constant, ast.Dict, ast.List, ast.Tuple, ast.Set, ast.Name, ast.Load,
                   ast.keyword, ast.UnaryOp, ast.UAdd, ast.USub)
 
@@ -228,7 +232,7 @@ def python_strings(text: str) -> PythonStrings:
         tree = ast.parse(text.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         strings = tuple(_token_strings(text))
-        return PythonStrings(names=strings, values=strings, computed=False)
+        return PythonStrings(names=(*strings, *_LITERAL_NAME.findall(text)), values=strings, computed=False)
     names: list[str] = []
     values: list[str] = []
     computed = False
@@ -250,6 +254,7 @@ def python_strings(text: str) -> PythonStrings:
         elif not isinstance(node, (*_LITERAL_NODES, ast.FormattedValue)):
             computed = True
         names += [folded for k in key_nodes if (folded := _folded(k)) is not None]
+    names += _LITERAL_NAME.findall(text)  # after the parsed ones: a refusal names what the value spells
     return PythonStrings(names=tuple(names), values=tuple(values), computed=computed)
 
 

@@ -25,7 +25,6 @@ builds a namespace's commands when the first CLI word is an entry-point name).
 import dataclasses
 import importlib
 import os
-import re
 import sys
 from collections.abc import Callable
 from importlib import metadata
@@ -82,9 +81,6 @@ def split_cli_args(args: list[str]) -> tuple[list[str], list[str]]:
     return passthrough, overrides
 
 
-_DICT_KEY = re.compile(r"""['"]?([A-Za-z_][A-Za-z0-9_]*)['"]?\s*+[:=]""", re.ASCII)
-
-
 def _env_refusal(key: str) -> str:
     return (f"{key}=**** is refused: {key} sets environment variables, so its value must be literal data "
             f"({{'NAME': 'value'}}, dict(NAME='value')) whose names can be checked for secrets; got a computed "
@@ -107,7 +103,7 @@ def check_cli_secrets(passthrough: list[str], overrides: list[str]) -> None:
             continue
         parsed = python_strings(value)
         env_like = "env" in key.lower()
-        names = [*parsed.names, *_DICT_KEY.findall(value)]
+        names = list(parsed.names)
         if env_like:
             names.append(key.rsplit(".", 1)[-1])
         secret = next((n for n in names if is_secret_name(n)), None)

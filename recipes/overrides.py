@@ -168,43 +168,43 @@ def _switch_optimizer(recipe: TrainingRecipe, kind: Any) -> Any:
 def apply_overrides(recipe: TrainingRecipe, overrides: Sequence[str] | Mapping[str, Any]) -> TrainingRecipe:
     """A new, validated recipe with ``overrides`` applied in order (the input recipe is not changed).
 
-    ``overrides`` is a list of ``key=value`` strings or a mapping key -> value (strings are converted by type).
-    Consecutive fields of one section are set together, then validated: ``optimizer.engine=megatron
-    optimizer.collectives=all_reduce`` is taken in either order, where one field at a time would pass through a
-    combination the config refuses.
+    ``overrides`` is a list of ``key=value`` strings or a mapping key -> value (strings are converted by type, each
+    where it is given). Consecutive fields of sections are set together, so a rule between two fields of one section
+    holds whichever comes first (``optimizer.coefficients=aol optimizer.ns_steps=4``).
     """
     pairs = list(overrides.items()) if isinstance(overrides, Mapping) else [split_override(a) for a in overrides]
-    pending: dict[str, dict[str, Any]] = {}  # section -> fields to set together
-
-    def flush(recipe: TrainingRecipe) -> TrainingRecipe:
-        for head, fields in pending.items():
-            recipe = dataclasses.replace(recipe, **{head: dataclasses.replace(getattr(recipe, head), **fields)})
-        pending.clear()
-        return recipe
-
+    pending: dict[str, dict[str, Any]] = {}
     for key, raw in pairs:
         check_override(key, raw)
         head, field = _canonical(key, recipe)
         if field is not None and head != "env":
-            section = getattr(recipe, head)
-            pending.setdefault(head, {})[field] = convert_value(f"{head}.{field}", raw,
-                                                               get_type_hints(type(section))[field])
+            hints = get_type_hints(type(getattr(recipe, head)))
+            pending.setdefault(head, {})[field] = convert_value(f"{head}.{field}", raw, hints[field])
             continue
-        recipe = flush(recipe)
+        recipe = _set_fields(recipe, pending)
         if head == "env":
             if not isinstance(raw, str):
                 raise ValueError(f"{key} must be a string; got {shown(raw)}")
             recipe = dataclasses.replace(recipe, env={**recipe.env, field: raw})
-        elif head == "optimizer":
+        elif field is None and head == "optimizer":
             recipe = dataclasses.replace(recipe, optimizer=_switch_optimizer(recipe, raw))
-        elif head == "model":
+        elif field is None and head == "model":
             check_choice("model", raw, tuple(MODEL_SPECS))
             recipe = dataclasses.replace(recipe, model=MODEL_SPECS[raw])
         else:
             hint = get_type_hints(TrainingRecipe)[head]
             recipe = dataclasses.replace(recipe, **{head: convert_value(key, raw, hint)})
-    recipe = flush(recipe)
+    recipe = _set_fields(recipe, pending)
     recipe.validate()
+    return recipe
+
+
+def _set_fields(recipe: TrainingRecipe, pending: dict[str, dict[str, Any]]) -> TrainingRecipe:
+    """``recipe`` with the converted field values of ``pending`` (section -> field -> value) set, each section
+    replaced once (and so validated once, with all its new values); ``pending`` is emptied."""
+    for head, values in pending.items():
+        recipe = dataclasses.replace(recipe, **{head: dataclasses.replace(getattr(recipe, head), **values)})
+    pending.clear()
     return recipe
 
 

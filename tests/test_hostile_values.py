@@ -110,6 +110,15 @@ def test_secret_detection_is_linear_in_the_value(value: str) -> None:
     subprocess.run([sys.executable, "-c", code], input=value, text=True, timeout=QUICK_S, check=True)
 
 
+@pytest.mark.parametrize("value", ["a" * 100_000, "{'" + "a" * 100_000, "{" + "a:" * 50_000])
+def test_the_nemo_run_secret_check_is_linear_in_the_value(value: str) -> None:
+    """What check_cli_secrets decides on (`python_strings`, `is_secret_value`): the old name pattern backtracked
+    into every identifier, 400 s on 100,000 letters."""
+    code = ("import sys; from nemo_muon.secret_policy import is_secret_value, python_strings; "
+            "v = sys.stdin.read(); python_strings(v); is_secret_value(v)")
+    subprocess.run([sys.executable, "-c", code], input=value, text=True, timeout=QUICK_S, check=True)
+
+
 # ---- error messages stay short; overrides parse ASCII numbers --------------------------------------------------------
 
 @pytest.mark.parametrize("args", [

@@ -59,6 +59,23 @@ def _ns_cases(rank: int, world: int, group) -> dict:
     newton_schulz_many([_shard(f, 0, rank, world) for f in fulls], tp_group=group, tp_mode="duplicated",
                        partition_dims=0, stats=stats)
     out[("gather", "duplicated")] = {"calls": stats["all_gather_calls"]}
+    out.update(_every_set_cases(fulls, locals_, rank, world, group))
+    return out
+
+
+def _every_set_cases(fulls: list[torch.Tensor], locals_: list[torch.Tensor], rank: int, world: int, group) -> dict:
+    """Distributed NS of every coefficient set (5 steps, aol its 4), Gram and standard, against the unsharded one."""
+    from nemo_muon.config.optimizer import COEFFICIENT_SETS, REVERSED_PAST_TABLE
+    from nemo_muon.optim.ns_iteration import newton_schulz, newton_schulz_many
+
+    out: dict = {}
+    for name in COEFFICIENT_SETS:
+        steps = min(5, REVERSED_PAST_TABLE.get(name, 5))
+        refs = [_shard(newton_schulz(f, steps, name), 1, rank, world) for f in fulls]
+        for algorithm in ("gram", "standard"):
+            ys = newton_schulz_many(locals_, steps, name, tp_group=group, tp_mode="distributed", partition_dims=1,
+                                    algorithm=algorithm)
+            out[("set", name, algorithm)] = max((y - r).abs().max().item() for y, r in zip(ys, refs, strict=True))
     return out
 
 
@@ -204,6 +221,16 @@ def test_distributed_collectives_are_fused_per_round(world: int) -> None:
     assert res[("fused", "gram")]["diff"] <= 1e-4 and res[("fused", "standard")]["diff"] <= 1e-4
     assert 2 < res[("fused", "small_buckets")]["calls"] < 12  # bucket size honoured, still fused
     assert res[("gather", "duplicated")]["calls"] == 1
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_distributed_ns_of_every_coefficient_set_matches_unsharded(world: int) -> None:
+    from nemo_muon.config.optimizer import COEFFICIENT_SETS
+
+    for res in _results(world):
+        diffs = {k[1:]: v for k, v in res.items() if k[0] == "set"}
+        assert {name for name, _ in diffs} == set(COEFFICIENT_SETS)
+        assert max(diffs.values()) <= 1e-4, diffs
 
 
 def test_muon_and_soap_on_tp_shards_match_single_process() -> None:

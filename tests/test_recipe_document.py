@@ -90,7 +90,8 @@ def _damaged(change) -> dict:
      f"recipe.optimizer.name must be one of {names()}; got 'lion'"),
     (lambda d: d["recipe"]["optimizer"].update(betas=[0.9, 0.95]), "recipe.optimizer.betas is not a field of MuonConfig"),
     (lambda d: d["recipe"]["optimizer"].update(coefficients="cubic"),
-     "recipe.optimizer.coefficients must be one of ('simple', 'quintic', 'polar_express'); got 'cubic'"),
+     "recipe.optimizer.coefficients must be one of ('simple', 'quintic', 'polar_express', 'cans', 'aol', "
+     "'deepseekv4'); got 'cubic'"),
     (lambda d: d["recipe"]["model"].update(family="llama"),
      "recipe.model.family must be one of ('deepseek_v3', 'qwen3_moe'); got 'llama'"),
     (lambda d: d["recipe"]["env"].update(NCCL_DEBUG=1), "recipe.env.NCCL_DEBUG must be a string; got 1"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -127,6 +128,18 @@ def test_overrides_convert_by_type_and_leave_the_input_alone():
     switched = apply_overrides(base, ["optim=adamw", "optim.eps=1e-5", "model=qwen3_30b_a3b"])
     assert isinstance(switched.optimizer, AdamWConfig) and switched.optimizer.eps == 1e-5
     assert switched.optimizer.lr == base.optimizer.lr and switched.model is QWEN3_30B_A3B
+
+
+def test_fields_of_one_section_are_set_together_whichever_comes_first():
+    """A rule between two fields of a section (here: a corpus folder only with data.kind='stdlib_text') holds for the
+    fields' new values together, not for a half-applied section, in either order; a bad pair is still refused."""
+    base = get_recipe("tiny_kimi_k2_muon")
+    base.data = dataclasses.replace(base.data, corpus_root="/tmp/py")
+    for overrides in (["data.kind=mock", "data.corpus_root=none"], ["data.corpus_root=none", "data.kind=mock"]):
+        data = apply_overrides(base, overrides).data
+        assert (data.kind, data.corpus_root) == ("mock", None), overrides
+    with pytest.raises(ValueError, match=r"data\.corpus_root must be None unless data\.kind='stdlib_text'"):
+        apply_overrides(base, ["data.kind=mock", "trainer.max_steps=7"])
 
 
 @pytest.mark.parametrize(

@@ -26,18 +26,35 @@ SYRK_CAPABILITIES: tuple[tuple[int, int], ...] = ((8, 0), (9, 0), (10, 0), (10, 
 B200/GB200, B300/GB300): ``nemo_muon.optim.ns_kernels`` uses it there only, ``nemo-muon doctor`` reports it."""
 GRAM_MIN_ASPECT = 2.0
 """Use Gram NS when the long side is at least this many times the short side."""
+GRAM_BF16_DIVERGES: tuple[str, ...] = ("cans",)
+"""Coefficient sets whose bf16 Gram iteration diverges: after 5 steps on Gaussian 64×256, 128×512 and 256×256
+matrices cans' largest singular value is 9.4, 14 and 27 (restarting every 1, 2, 3 or 5 steps does not help: forming
+Z = aI + bR + cR² in bf16 loses too much where its steps are steep), against 1.27-1.5 for bf16 standard NS (the band
+of emerging-optimizers' bf16) and 1.12 in fp32. Every other set keeps its band (tests/test_coefficient_sets.py).
+bf16 NS of these sets is the standard form: ``auto`` picks it, an explicit ``gram`` is refused."""
 
 
-def choose_algorithm(m: int, n: int, device: Any = "cpu", dtype: Any = None) -> str:
-    """``gram`` or ``standard`` for an m×n matrix on ``device`` with NS compute dtype ``dtype``.
+def _is_bf16_work(dtype: Any) -> bool:
+    return dtype is not None and "float32" not in str(dtype)
 
-    Gram when the long side is >= GRAM_MIN_ASPECT x the short side, except bf16 on a GPU: there the m×m iteration
-    runs in bf16 with restarts (a looser band, as on CPU) while SYRK-based standard NS is the tuned path
-    (bench/gpu/ns_syrk.py measures both)."""
+
+def choose_algorithm(m: int, n: int, device: Any = "cpu", dtype: Any = None, coefficients: str = "quintic") -> str:
+    """``gram`` or ``standard`` for an m×n matrix on ``device`` with NS compute dtype ``dtype`` and coefficient set
+    ``coefficients``.
+
+    Gram when the long side is >= GRAM_MIN_ASPECT x the short side, except in bf16 on a GPU (there the m×m iteration
+    runs in bf16 with restarts, a looser band as on CPU, while SYRK-based standard NS is the tuned path:
+    bench/gpu/ns_syrk.py measures both) and in bf16 for a set of ``GRAM_BF16_DIVERGES``."""
     short, long = min(m, n), max(m, n)
-    if str(getattr(device, "type", device)) != "cpu" and dtype is not None and "float32" not in str(dtype):
+    on_gpu = str(getattr(device, "type", device)) != "cpu"
+    if (on_gpu and _is_bf16_work(dtype)) or gram_diverges(coefficients, dtype):
         return "standard"
     return "gram" if long >= GRAM_MIN_ASPECT * short else "standard"
+
+
+def gram_diverges(coefficients: str, dtype: Any) -> bool:
+    """Whether Gram NS of the set ``coefficients`` in compute dtype ``dtype`` is refused (``GRAM_BF16_DIVERGES``)."""
+    return _is_bf16_work(dtype) and coefficients in GRAM_BF16_DIVERGES
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -306,6 +306,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
             stages=step_stages, ns_steps=steps,
             # Megatron's own Muon multiplies in bf16 ("medium" fp32 matmul precision); ours in its ns_precision
             ns_precision="bf16" if megatrons_own or not runs_ns else opt.ns_precision,
+            ns_coefficients=opt.coefficients if runs_ns else "quintic",
             grad_bytes=4 if recipe.precision.kind == "fp32" else 2,
             implementation=IMPLEMENTATIONS["megatron" if megatrons_own else "nemo_muon"])
         out["step_time"] = predict(inputs, hardware(gpu), model_tflops=model_tflops)

@@ -33,10 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_muon._validation import check_range, fail
+from nemo_muon._validation import check_choice, check_range, fail
 from nemo_muon.accounting.hardware import Hardware
 from nemo_muon.accounting.layout import Layout
 from nemo_muon.accounting.ns_choice import choose_algorithm
+from nemo_muon.config.optimizer import COEFFICIENT_SETS
 
 DEFAULT_MODEL_MFU = 0.40
 """Achieved model FLOP/s as a fraction of the dense BF16 peak when the user gives no baseline (``--model-tflops``):
@@ -170,6 +171,8 @@ class StepInputs:
     stages: Sequence[StageComm]
     ns_steps: int
     ns_precision: str = "bf16"
+    ns_coefficients: str = "quintic"
+    """The NS coefficient set (``MuonConfig.coefficients``): it decides the algorithm of bf16 NS (``ns_seconds``)."""
     grad_bytes: int = 2
     """Bytes per gradient element in the reduction (Bridge's perf runs: bf16, ``grad_reduce_in_fp32=False``)."""
     overlap_grad_reduce: bool = True
@@ -181,6 +184,7 @@ class StepInputs:
             raise fail("step inputs", (len(self.ranks), len(self.stages)), f"one entry per PP stage ({self.layout.pp})")
         if self.ns_precision not in NS_PRECISIONS:
             raise fail("ns_precision", self.ns_precision, f"one of {NS_PRECISIONS}")
+        check_choice("ns_coefficients", self.ns_coefficients, COEFFICIENT_SETS)
 
 
 def _ring(nbytes: float, group: int, bandwidth: float, latency: float, *, all_reduce: bool = False) -> float:
@@ -208,8 +212,11 @@ def _op(hw: Hardware, flops: float, nbytes: float, peak: float) -> float:
     return max(flops / peak, nbytes / hw.hbm_bytes_per_s, hw.kernel_floor_s)
 
 
-def ns_seconds(work: Sequence[MatrixWork], hw: Hardware, impl: Implementation, steps: int, precision: str) -> float:
-    """Time one rank spends in Newton–Schulz and Muon's per-matrix operators (module doc)."""
+def ns_seconds(work: Sequence[MatrixWork], hw: Hardware, impl: Implementation, steps: int, precision: str,
+               coefficients: str = "quintic") -> float:
+    """Time one rank spends in Newton–Schulz and Muon's per-matrix operators (module doc). Every coefficient set runs
+    ``steps`` iterations of the same step; ``coefficients`` matters only for the algorithm choice (a set of
+    ``ns_choice.GRAM_BF16_DIVERGES`` runs bf16 NS in the standard form)."""
     peak = _peak_for_ns(hw, precision)
     e = impl.storage_bytes or (2 if precision == "bf16" else 4)
     dtype = "bfloat16" if precision == "bf16" else "float32"
@@ -222,7 +229,7 @@ def ns_seconds(work: Sequence[MatrixWork], hw: Hardware, impl: Implementation, s
         scale = w.flops / standard if standard > 0 else 1.0  # TP-mode repeats of the plan's (standard) cost
         t = 0.0
         for m, n in shapes:
-            algorithm = choose_algorithm(m, n, hw.kind, dtype) if impl.picks_algorithm else "standard"
+            algorithm = choose_algorithm(m, n, hw.kind, dtype, coefficients) if impl.picks_algorithm else "standard"
             t += sum(_op(hw, stack * scale * f, stack * scale * b, peak)
                      for f, b in ns_operators(m, n, steps, algorithm, e))
         elements = sum(m * n for m, n in shapes)
@@ -264,7 +271,7 @@ def path_times(inputs: StepInputs, hw: Hardware, model_flops_per_s: float) -> di
     for rk in (rk for stage in inputs.ranks for rk in stage):
         if rk.matrices not in by_work:
             by_work[rk.matrices] = ns_seconds(rk.matrices, hw, inputs.implementation, inputs.ns_steps,
-                                              inputs.ns_precision)
+                                              inputs.ns_precision, inputs.ns_coefficients)
         ns.append(by_work[rk.matrices])
     def split_exchange(rk: RankWork) -> float:  # within its blocks: consecutive DP ranks, tp apart
         return rk.split_bytes / _group_bandwidth(hw, lay, lay.tp, rk.split_block) if rk.split_block > 1 else 0.0

@@ -12,9 +12,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nemo_muon._validation import check_choice, check_positive_int, check_range, validate_once
+from nemo_muon._validation import check_choice, check_positive_int, check_range, fail, validate_once
 
-CoefficientSet = Literal["simple", "quintic", "polar_express"]
+CoefficientSet = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4"]
 ScaleMode = Literal["spectral", "shape_scaling", "unit_rms_norm", "match_rms_adamw"]
 TPMode = Literal["duplicated", "distributed", "blockwise", "auto"]
 NSPrecision = Literal["fp32", "bf16"]
@@ -22,7 +22,15 @@ NonFinitePolicy = Literal["skip", "raise"]
 MegatronEngine = Literal["nemo_muon", "megatron"]
 MegatronCollectives = Literal["all_reduce", "reduce_scatter"]
 
-COEFFICIENT_SETS: tuple[str, ...] = ("simple", "quintic", "polar_express")
+COEFFICIENT_SETS: tuple[str, ...] = ("simple", "quintic", "polar_express", "cans", "aol", "deepseekv4")
+"""emerging-optimizers' Newton–Schulz coefficient sets, in its order (tests/test_coefficient_sets.py checks the list
+against the installed package; tables, sources and schedules: nemo_muon/optim/coefficients.py)."""
+REVERSED_PAST_TABLE: dict[str, int] = {"aol": 4}
+"""Cycling coefficient sets whose first step maps an orthogonalized direction (singular value 1) to a negative value,
+with the steps their table defines. Past the table the cycle starts it again on the orthogonalized matrix and reverses
+the update (aol: a + b + c = -0.585; at ns_steps 5-8 the update of a Gaussian 64x256 matrix has cosine -0.998 with
+the 4-step one), so ns_steps is refused past the table. Derived from emerging-optimizers' tables (whose
+``newton_schulz`` runs such a schedule as asked) and checked against them by tests/test_coefficient_sets.py."""
 SCALE_MODES: tuple[str, ...] = ("spectral", "shape_scaling", "unit_rms_norm", "match_rms_adamw")
 TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise", "auto")
 NS_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
@@ -38,6 +46,17 @@ MAX_NS_STEPS = 100
 DEFAULT_WEIGHT_DECAY = 0.1
 """The one weight-decay default of every optimizer config and optimizer class (Bridge's recipes and torch.optim.Muon
 use 0.1; Moonlight found weight decay essential for Muon at scale)."""
+
+
+def check_ns_schedule(coefficients: str, steps: int, *, steps_field: str = "steps",
+                      coefficients_field: str = "coefficients") -> None:
+    """Refuse more NS steps than the table of a set of `REVERSED_PAST_TABLE` defines (its cycle would reverse the
+    update); the message names both fields."""
+    table = REVERSED_PAST_TABLE.get(coefficients)
+    if table is not None and steps > table:
+        raise fail(steps_field, steps, f"<= {table} with {coefficients_field}={coefficients!r} (its {table}-step "
+                                       f"table cycles, and its first step reverses an orthogonalized update: "
+                                       f"config.optimizer.REVERSED_PAST_TABLE)")
 
 
 def _check_betas(field: str, betas: tuple[float, float]) -> None:
@@ -119,7 +138,11 @@ class MuonConfig(MatrixOptimizerConfig):
     ns_steps: int = 5
     """Newton–Schulz iterations."""
     coefficients: CoefficientSet = "quintic"
-    """NS coefficient set: quintic (per-step schedule, default), simple (Keller Jordan), polar_express."""
+    """NS coefficient set (emerging-optimizers' tables; every set runs exactly ns_steps iterations): quintic (5-step
+    schedule, cycles; the default), simple (Keller Jordan's one triple), polar_express (8 steps, then its last;
+    arXiv 2505.16932), cans (5, then its last; arXiv 2506.10935), aol (Turbo-Muon's 4 without its AOL rescaling;
+    ns_steps <= 4: REVERSED_PAST_TABLE), deepseekv4 (DeepSeek-V4's 10: 8 of simple's, then 2 settling steps;
+    ns_steps <= 8 is exactly simple). Sources and bands: nemo_muon/optim/coefficients.py, docs/optimizers.md."""
     scale_mode: ScaleMode = "match_rms_adamw"
     """Update scale of an (m, n) matrix: match_rms_adamw 0.2*sqrt(max(m,n)) (the default: the drop-in takes AdamW's
     learning rate and weight decay; chosen by bench/lr_transfer.py, where on two models it lost least of the four at
@@ -156,6 +179,8 @@ class MuonConfig(MatrixOptimizerConfig):
         check_range(f"{n}.momentum", self.momentum, low=0.0, high=1.0, high_inclusive=False)
         check_positive_int(f"{n}.ns_steps", self.ns_steps, maximum=MAX_NS_STEPS)
         check_choice(f"{n}.coefficients", self.coefficients, COEFFICIENT_SETS)
+        check_ns_schedule(self.coefficients, self.ns_steps, steps_field=f"{n}.ns_steps",
+                          coefficients_field=f"{n}.coefficients")
         check_choice(f"{n}.scale_mode", self.scale_mode, SCALE_MODES)
         check_range(f"{n}.extra_scale_factor", self.extra_scale_factor, low=0.0, low_inclusive=False)
         check_choice(f"{n}.ns_precision", self.ns_precision, NS_PRECISIONS)

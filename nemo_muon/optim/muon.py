@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_muon.config.optimizer import SCALE_MODES, MuonConfig
+from nemo_muon.optim.coefficients import coefficient_table
 from nemo_muon.optim.fused import merge_parts, split_parts
 from nemo_muon.optim.ns_iteration import gather_shards, newton_schulz_many
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
@@ -182,7 +183,8 @@ class Muon(RoutedOptimizer):
         return self._splits.get(p)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
-        MuonConfig(**{k: tuple(group[k]) if k == "adamw_betas" else group[k] for k in self._group_fields})
+        config = MuonConfig(**{k: tuple(group[k]) if k == "adamw_betas" else group[k] for k in self._group_fields})
+        coefficient_table(config.coefficients, field=f"{config.name}.coefficients")  # in the installed package
 
     def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
         """Without TP, one parameter at a time (peak memory: one extra momentum-sized tensor), or all together with

@@ -26,11 +26,17 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from nemo_muon._validation import check_choice, check_positive_int
-from nemo_muon.accounting.ns_choice import DEFAULT_TP_COST, TPCostModel, choose_algorithm, choose_tp_mode
+from nemo_muon._validation import check_choice, check_positive_int, fail
+from nemo_muon.accounting.ns_choice import (
+    DEFAULT_TP_COST,
+    TPCostModel,
+    choose_algorithm,
+    choose_tp_mode,
+    gram_diverges,
+)
+from nemo_muon.config.optimizer import COEFFICIENT_SETS, TP_MODES, check_ns_schedule
 from nemo_muon.config.optimizer import NS_PRECISIONS as PRECISIONS
-from nemo_muon.config.optimizer import TP_MODES
-from nemo_muon.optim.coefficients import COEFFICIENT_SETS, coefficient_schedule
+from nemo_muon.optim.coefficients import coefficient_schedule
 from nemo_muon.optim.ns_kernels import ns_program, run_programs
 from nemo_muon.registry.cost import NS_ALGORITHMS
 
@@ -121,12 +127,14 @@ def newton_schulz_many(
     """Orthogonalize every matrix of ``xs`` (see the module docstring), fusing the collectives of all of them.
 
     ``partition_dims``: one per matrix (or one for all). ``algorithm``: ``auto`` (Gram NS for matrices at least
-    ``ns_choice.GRAM_MIN_ASPECT`` times wider than tall), ``standard`` or ``gram``. ``stats``, if given, receives
+    ``ns_choice.GRAM_MIN_ASPECT`` times wider than tall, standard in bf16 for a set of ``ns_choice.GRAM_BF16_DIVERGES``,
+    where ``gram`` is refused), ``standard`` or ``gram``. ``stats``, if given, receives
     ``modes`` (per matrix: local, duplicated, distributed or blockwise), ``all_reduce_calls`` and
     ``all_gather_calls``.
     """
     check_positive_int("steps", steps)
     check_choice("coefficients", coefficients, COEFFICIENT_SETS)
+    check_ns_schedule(coefficients, steps)
     check_choice("tp_mode", tp_mode, TP_MODES)
     check_choice("precision", precision, PRECISIONS)
     check_choice("algorithm", algorithm, ("auto", *NS_ALGORITHMS))
@@ -137,6 +145,10 @@ def newton_schulz_many(
     world = 1 if tp_group is None else dist.get_world_size(tp_group)
     coeffs = coefficient_schedule(coefficients, steps)
     dtype = _DTYPES[precision]
+    if algorithm == "gram" and gram_diverges(coefficients, dtype):
+        raise fail("algorithm", algorithm, f"'standard' or 'auto' with coefficients={coefficients!r} in precision "
+                                           f"{precision!r} (its bf16 Gram iteration diverges: "
+                                           f"accounting.ns_choice.GRAM_BF16_DIVERGES)")
 
     modes: list[str] = []
     for i, x in enumerate(xs):
@@ -176,11 +188,13 @@ def newton_schulz_many(
             t = dims[i] == -2  # make the sharded (long) side the contracted columns
             full_long = x.shape[-2] * world if t else x.shape[-1] * world
             short = x.shape[-1] if t else x.shape[-2]
-            algo = choose_algorithm(short, full_long, x.device, dtype) if algorithm == "auto" else algorithm
+            algo = (choose_algorithm(short, full_long, x.device, dtype, coefficients) if algorithm == "auto"
+                    else algorithm)
             reducers.append(reducer)
         else:
             t = x.shape[-2] > x.shape[-1]
-            algo = choose_algorithm(x.shape[-2], x.shape[-1], x.device, dtype) if algorithm == "auto" else algorithm
+            algo = (choose_algorithm(x.shape[-2], x.shape[-1], x.device, dtype, coefficients) if algorithm == "auto"
+                    else algorithm)
             reducers.append(None)
         transposed.append(t)
         programs.append(ns_program(x.mT if t else x, coeffs, algorithm=algo, compute_dtype=dtype))
