@@ -469,27 +469,30 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
 
 
 def matrix_optimizer_against_single_process(rank: int, world_size: int, group: Any, spec_name: str,
-                                            optimizer_name: str, steps: int) -> dict[str, Any]:
+                                            optimizer_name: str, steps: int,
+                                            fields: dict[str, Any] | None = None) -> dict[str, Any]:
     """Our matrix optimizer ``optimizer_name`` inside Megatron's layer-wise optimizer (engine nemo_muon) beside a
     single-process copy of it (the same class and keyword arguments, `engine_kwargs`, TP = 1) over fp32 copies of the
     matrices this DP rank owns, fed the same DP-reduced gradients each step (Megatron's ``main_grad``, what its
-    wrapper hands our optimizer). Returns per step the largest |difference| between Megatron's fp32 masters and the
-    reference's parameters, and the largest |value|."""
+    wrapper hands our optimizer). ``fields``: the optimizer config's, set over the harness's. Returns per step the
+    largest |difference| between Megatron's fp32 masters and the reference's parameters, and the largest |value|; and
+    the hyperparameters the optimizer Megatron built holds."""
     import torch
 
-    from nemo_muon.megatron.shared.engine import engine_class_of, engine_kwargs
+    from nemo_muon.megatron.shared.engine import engine_class_of, engine_kwargs, ours_in
     from nemo_muon.registry import spec_for
 
     with megatron_parallel() as parallel_state:
-        run = replica(spec_name, optimizer_name)
-        spec, opt, ddp_model, optimizer, optimizer_config = (run.spec, run.opt, run.ddp_model, run.optimizer,
-                                                             run.optimizer_config)
-        pgs, config_clip = run.pgs, optimizer_config.clip_grad
+        opt = dataclasses.replace(optimizer_config(optimizer_name), **fields) if fields else None
+        run = replica(spec_name, optimizer_name, opt=opt)
+        spec, opt, ddp_model, optimizer, megatron_config = (run.spec, run.opt, run.ddp_model, run.optimizer,
+                                                            run.optimizer_config)
+        pgs, config_clip = run.pgs, megatron_config.clip_grad
         params = dict(ddp_model.module.named_parameters())
         masters = _matrix_masters(optimizer, {id(p): n for n, p in params.items()})
         owned = sorted(masters)
         copies = [masters[n][0].detach().clone() for n in owned]
-        kwargs = {**engine_kwargs(opt, optimizer_config, [ddp_model], pgs), "tp_group": None,
+        kwargs = {**engine_kwargs(opt, megatron_config, [ddp_model], pgs), "tp_group": None,
                   "param_names": {id(c): n for n, c in zip(owned, copies, strict=True)}}
         reference = engine_class_of(spec_for(opt))([{"params": copies}], **kwargs)
         dp_rank = parallel_state.get_data_parallel_rank()
@@ -510,7 +513,9 @@ def matrix_optimizer_against_single_process(rank: int, world_size: int, group: A
                 diff = max(float((masters[n][0] - c).abs().max()) for n, c in zip(owned, copies, strict=True))
                 scale = max(float(c.abs().max()) for c in copies)
             per_step.append({"max_abs_diff": diff, "max_abs": scale})
-        return {"per_step": per_step, "owned": owned, "optimizers": _optimizer_classes(optimizer)}
+        built = next(raw for _, raw in ours_in(optimizer))
+        return {"per_step": per_step, "owned": owned, "optimizers": _optimizer_classes(optimizer),
+                "hyperparameters": {k: v for k, v in built.defaults.items() if isinstance(v, (str, int, float))}}
 
 
 def muon_tensor_parallel_against_single_process(rank: int, world_size: int, group: Any, spec_name: str,

@@ -106,13 +106,20 @@ def parameter_names(model_chunks: Iterable[torch.nn.Module]) -> dict[int, str]:
             for k, chunk in enumerate(chunks) for name, p in chunk.named_parameters()}
 
 
-def fused_layouts(model_config: Any, tp_size: int) -> dict[str, Any]:
-    """The fused weights of a Megatron model config: ``linear_qkv`` per query group (GQA), split into Q, K, V."""
+FUSED_QKV = "linear_qkv"
+"""The name segment of Megatron's fused query / key / value weight (``SelfAttention.linear_qkv``)."""
+
+
+def fused_layouts(model_config: Any, tp_size: int, names: Iterable[str] = (FUSED_QKV,)) -> dict[str, Any]:
+    """The fused weights of a Megatron model among ``names`` (parameter names): ``linear_qkv`` per query group (GQA),
+    split into Q, K, V, where a parameter is one; none otherwise (a model without attention needs no head sizes)."""
+    if not any(FUSED_QKV in name.split(".") for name in names):
+        return {}
     heads, groups = model_config.num_attention_heads, model_config.num_query_groups or model_config.num_attention_heads
     if heads % tp_size or groups % tp_size:
         raise ValueError(f"num_attention_heads={heads} and num_query_groups={groups} must be multiples of the tensor-"
                          f"parallel size {tp_size}")
-    return {"linear_qkv": QKVLayout(heads // tp_size, groups // tp_size, model_config.kv_channels)}
+    return {FUSED_QKV: QKVLayout(heads // tp_size, groups // tp_size, model_config.kv_channels)}
 
 
 def _tp(pg_collection: Any) -> tuple[Any, int]:
@@ -131,10 +138,11 @@ def engine_kwargs(ours: BaseOptimizerConfig, config: Any, model_chunks: list[Any
     if expt_tp is not None and torch.distributed.get_world_size(expt_tp) != tp_size:
         raise ValueError(f"expert tensor parallelism ({torch.distributed.get_world_size(expt_tp)}) must equal tensor "
                          f"parallelism ({tp_size}) for engine 'nemo_muon' (one TP group for all matrices)")
+    names = parameter_names(model_chunks)
     kwargs = {**ours.optimizer_kwargs(), "lr": config.lr, "weight_decay": config.weight_decay, "nonfinite": "raise",
-              "tp_group": tp_group if tp_size > 1 else None, "param_names": parameter_names(model_chunks)}
+              "tp_group": tp_group if tp_size > 1 else None, "param_names": names}
     if "fused_layouts" in spec.runtime_args:
-        kwargs["fused_layouts"] = fused_layouts(model_chunks[0].config, tp_size)
+        kwargs["fused_layouts"] = fused_layouts(model_chunks[0].config, tp_size, names.values())
     return kwargs
 
 

@@ -44,7 +44,8 @@ BUILDER_NEMO_MUON = "nemo_muon"
 """`MegatronOptimizerSpec.builder` of engine 'nemo_muon': `nemo_muon.megatron.shared.engine` (our Muon inside
 Megatron's layer-wise optimizer); the others name Megatron-Core's own builder functions."""
 LEGACY_COEFFICIENTS = "quintic"
-"""0.16's TensorParallelMuon always uses the quintic coefficient schedule (no config field)."""
+"""0.16's TensorParallelMuon always uses the quintic coefficient schedule (no config field): Megatron's own Muon there
+takes no other set; engine 'nemo_muon' runs any (its config records what Megatron can say)."""
 MEGATRON_MUON_DEFAULTS: dict[str, Any] = dict(spec_named("muon").megatron.recipe_defaults)
 """The MuonConfig values Megatron-Core can honour where our defaults differ (Muon's registry entry, which the mapping
 refuses otherwise): fused gate/up (linear_fc1) orthogonalized as one matrix; non-finite grads raise (no skip-step)."""
@@ -78,7 +79,7 @@ def api_for_fields(fields: Collection[str]) -> str:
 
 API_FIELDS: dict[str, frozenset[str]] = {
     CORE_016_017: frozenset({"muon_momentum"}),
-    CORE_018_PLUS: frozenset({"muon_momentum", "use_layer_wise_distributed_optimizer"}),
+    CORE_018_PLUS: frozenset({"muon_momentum", "use_layer_wise_distributed_optimizer", "muon_coefficient_type"}),
 }
 """The field names that tell the API generations apart: enough for `megatron_optimizer_spec` to refuse what a
 generation cannot honour before launch, where Megatron-Core is not installed (the kwargs it returns are partial)."""
@@ -137,13 +138,15 @@ def muon_fields(opt: MuonConfig, api: str, fields: Collection[str], *, engine: s
     }
     if api == CORE_018_PLUS:
         kw["muon_nesterov"] = opt.nesterov
-        kw["muon_coefficient_type"] = opt.coefficients
         kw["muon_scalar_optimizer"] = "adam"
     else:
         kw["muon_use_nesterov"] = opt.nesterov
-        if opt.coefficients != LEGACY_COEFFICIENTS:
-            raise _refuse("muon.coefficients", opt.coefficients,
-                          f"megatron-core 0.16 always uses {LEGACY_COEFFICIENTS!r} (no coefficient field)")
+    if "muon_coefficient_type" in fields:  # 0.17 has the field already; 0.16 does not
+        kw["muon_coefficient_type"] = opt.coefficients
+    elif opt.coefficients != LEGACY_COEFFICIENTS and engine != ENGINE_NEMO_MUON:
+        raise _refuse("muon.coefficients", opt.coefficients,
+                      f"megatron-core 0.16's own Muon always uses {LEGACY_COEFFICIENTS!r} (no coefficient field); "
+                      "engine 'nemo_muon' runs every set (optimizer.engine=nemo_muon)")
     return kw, "muon"
 
 
