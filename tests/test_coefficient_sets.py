@@ -41,10 +41,9 @@ from nemo_muon.optim.muon import Muon, newton_schulz_stacked
 from nemo_muon.optim.ns_iteration import newton_schulz, newton_schulz_many
 from nemo_muon.optim.ns_kernels import ns_program, run_programs
 from nemo_muon.registry.cost import ns_cost, ns_flop_terms
+from tests.tolerances import GRAM_TOL, GRAM_TOL_SQUARE
 
 SHAPES = {"square": (32, 32), "wide": (16, 64), "tall": (64, 16), "stack": (3, 16, 64)}
-GRAM_TOL_SQUARE = 2e-4
-GRAM_TOL = 5e-5
 REPO = Path(__file__).resolve().parents[1]
 
 

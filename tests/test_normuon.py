@@ -111,14 +111,16 @@ def test_on_the_megatron_backend_only_our_engine_runs_it():
     every entry point's validation runs), naming the field and the engine there is."""
     from nemo_muon.recipes.overrides import apply_overrides
 
-    recipe = apply_overrides(get_recipe("kimi_k2_muon"), ["optimizer=normuon"])
+    recipe = apply_overrides(get_recipe("kimi_k2_muon_split"), ["optimizer=normuon"])
     check_run(recipe)
     # the switch keeps Muon's fields but the split target, which NorMuon cannot honour (whole tensors)
-    assert get_recipe("kimi_k2_muon").optimizer.ns_split_target == 1.02 and recipe.optimizer.ns_split_target is None
-    assert recipe.optimizer.ns_precision == get_recipe("kimi_k2_muon").optimizer.ns_precision
+    shipped = get_recipe("kimi_k2_muon_split").optimizer
+    assert shipped.ns_split_target == 1.02 and recipe.optimizer.ns_split_target is None
+    assert recipe.optimizer.ns_precision == shipped.ns_precision
+    assert recipe.optimizer.collectives == shipped.collectives == "reduce_scatter"
     with pytest.raises(ValueError, match=r"normuon.engine='megatron' cannot be honoured by Megatron-Core: NorMuon runs "
                                          r"inside Megatron-Core with engine 'nemo_muon' only"):
-        check_run(apply_overrides(recipe, ["optimizer.engine=megatron"]))
+        check_run(apply_overrides(recipe, ["optimizer.engine=megatron", "optimizer.collectives=all_reduce"]))
 
 
 def test_planned_and_costed_as_muon_with_its_own_state():

@@ -97,7 +97,8 @@ def test_the_resume_check_follows_megatrons_tracker_file(soap_checkpoint, tmp_pa
     with pytest.raises(CheckpointError, match=rf"file {shard} is truncated"):
         check_resume_folder(tmp_path)
     (tmp_path / TRACKER_FILE).write_text("two")
-    with pytest.raises(CheckpointError, match=rf"{TRACKER_FILE} holds 'two'; expected an iteration number"):
+    with pytest.raises(CheckpointError, match=rf"{TRACKER_FILE} must hold an iteration number \(ASCII digits, at most "
+                                              r"10\) or 'release'; got 'two'"):
         check_resume_folder(tmp_path)
 
 
