@@ -30,8 +30,17 @@ def test_soap_maps_to_016_for_our_engine():
 
 @pytest.mark.parametrize("opt, match", [
     (SoapConfig(nonfinite="raise", engine="megatron"), "SOAP needs megatron-core >= 0.18"),
-    (MuonConfig(coefficients="polar_express", **MEGATRON_MUON_DEFAULTS), "muon.coefficients='polar_express'"),
+    (MuonConfig(coefficients="polar_express", **{**MEGATRON_MUON_DEFAULTS, "engine": "megatron"}),
+     "muon.coefficients='polar_express' cannot be honoured by Megatron-Core: megatron-core 0.16's own Muon always uses "
+     "'quintic'"),
 ])
 def test_what_016_cannot_honour_is_refused_naming_the_field(opt, match):
     with pytest.raises(ValueError, match=match):
         to_megatron_optimizer_config(opt)
+
+
+def test_our_engine_runs_every_coefficient_set_where_016_has_no_field():
+    """Engine 'nemo_muon' runs our Newton–Schulz with the recipe's set; 0.16's config has no field to record it."""
+    for name in ("polar_express", "cans", "deepseekv4"):
+        cfg, spec = to_megatron_optimizer_config(MuonConfig(coefficients=name, **MEGATRON_MUON_DEFAULTS))
+        assert spec.builder == "nemo_muon" and not hasattr(cfg, "muon_coefficient_type")

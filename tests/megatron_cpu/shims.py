@@ -85,10 +85,10 @@ SHIMS: dict[str, Shim] = {s.name: s for s in (
          "0.16's RouterGatingLinearFunction.forward (moe_router_dtype='fp32', Kimi K2's router) reads the module "
          "global te_general_gemm, which is only assigned when TE imports", r"name 'te_general_gemm' is not defined"),
     Shim("gloo_uneven_all_gather", "torch.distributed.all_gather of unequal sizes over gloo -> padded to the largest, "
-         "also asynchronous (0.16 only)", ("nemo_muon/megatron/core_016_017/owner_gather.py",),
-         "0.16's LayerWiseDistributedOptimizer.allgather_params (the legacy wiring) and nemo-muon's gather in the next "
-         "forward (owner_gather, the default) gather each rank's flattened matrices, of unequal sizes; NCCL accepts "
-         "unequal sizes, gloo does not", r"invalid tensor size"),
+         "also asynchronous (0.16 only)", ("megatron/core/optimizer/layer_wise_optimizer.py",),
+         "0.16's LayerWiseDistributedOptimizer.allgather_params (Megatron's wiring, the default) and nemo-muon's "
+         "gather in the next forward (owner_gather, optimizer.collectives=reduce_scatter) gather each rank's "
+         "flattened matrices, of unequal sizes; NCCL accepts unequal sizes, gloo does not", r"invalid tensor size"),
     Shim("cuda_side_stream", "torch.cuda.Stream() -> a no-op stream, torch.cuda.stream(s) -> a null context "
          "(Megatron's DDP wrap only)", ("megatron/training/models/dist_utils.py",),
          "megatron.training's _ddp_wrap (Bridge 0.5 / 0.6's model setup) builds DDP inside a new CUDA side stream",
