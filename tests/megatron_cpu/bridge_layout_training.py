@@ -68,6 +68,8 @@ def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: 
     torch.manual_seed(SEED)
     model, config, spec = _model(spec_name)
     opt = optimizer_config(optimizer_name)
+    if cost_layout:  # the recipe's opt-in to the cost layout (Bridge 0.5 / 0.6 route it: routes_cost_layout)
+        opt = dataclasses.replace(opt, collectives="reduce_scatter")
     if split_target is not None:
         opt = dataclasses.replace(opt, ns_split_target=split_target)
 

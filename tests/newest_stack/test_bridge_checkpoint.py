@@ -1,5 +1,6 @@
 """SOAP through Megatron-Bridge's own checkpoint functions, on the model and optimizer Bridge's own setup builds with
-the product's wiring (the cost layout on Bridge 0.5 / 0.6, Megatron's legacy layer-wise path on 0.4): saves every
+the product's default wiring (Megatron's legacy layer-wise path; the cost layout where the recipe opts in with
+``optimizer.collectives=reduce_scatter``, `routes_cost_layout`): saves every
 other step, a resume that continues the loss curve bit for bit, no save touching an earlier checkpoint's files
 (Megatron-Bridge #2307: the layer-wise optimizer's file at the save root), and a rank killed inside a save leaving
 the previous checkpoint the one a resume loads. Runs in every release environment after 26.02 (Makefile)."""
@@ -49,5 +50,5 @@ def test_soap_saves_resumes_and_survives_a_killed_save_through_bridges_checkpoin
     assert _under(after_kill, "iter_0000006"), "the killed save started writing"
     assert (root / TRACKER_FILE).read_text().strip() == "4"
     assert check_resume_folder(root) == root / "iter_0000004"  # a resume loads the last complete save
-    with pytest.raises(CheckpointError, match=r"iter_0000006/\.metadata cannot be read"):
+    with pytest.raises(CheckpointError, match=r"iter_0000006/\.metadata must be a readable regular file"):
         check_checkpoint_files(root / "iter_0000006")  # the incomplete one is refused by name if pointed at

@@ -27,7 +27,8 @@ def _stays_on_the_legacy_path() -> None:
     from nemo_muon.megatron.bridge.container import routes_cost_layout as routes
     from nemo_muon.megatron.core_018_plus.cost_layout import layout_api_problems
 
-    assert not routes(MuonConfig(lr=0.02, split_gate_up=False), importlib.metadata.version("megatron-bridge"))
+    assert not routes(MuonConfig(lr=0.02, split_gate_up=False, collectives="reduce_scatter"),
+                      importlib.metadata.version("megatron-bridge"))  # even opted in: Bridge 0.4 has no layout
     assert layout_api_problems()
 
 
@@ -117,7 +118,8 @@ def test_only_bridge_05_and_06_route_our_matrix_optimizers_to_the_cost_layout(ve
     from nemo_muon.config.optimizer import AdamWConfig, MuonConfig
     from nemo_muon.megatron.bridge.container import routes_cost_layout as routes
 
-    assert routes(MuonConfig(lr=0.02, split_gate_up=False), version) is expected
+    assert routes(MuonConfig(lr=0.02, split_gate_up=False, collectives="reduce_scatter"), version) is expected
+    assert not routes(MuonConfig(lr=0.02, split_gate_up=False), version)  # the default: Megatron's wiring
     assert not routes(MuonConfig(lr=0.02, split_gate_up=False, engine="megatron"), version)
     assert not routes(AdamWConfig(lr=1e-3), version)
 
