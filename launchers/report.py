@@ -18,14 +18,27 @@ from nemo_muon._validation import shown
               help="Recipe of the runs, to compute model and NS TFLOP/s/GPU their logs lack [default: from the run].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (runs, pairs, report path).")
 def report(paths: tuple[Path, ...], out: Path, recipe: str | None, as_json: bool) -> None:
-    """Summarize runs: final losses, tokens/s, TFLOP/s/GPU (model and model+NS), optimizer share, Muon vs AdamW."""
-    from nemo_muon.reporting import analyze, load_run, text_table, write_report_for
+    """Summarize runs: final losses, tokens/s, TFLOP/s/GPU (model and model+NS), optimizer share, Muon vs AdamW.
+
+    PATHS may be a glob of run folders (runs/*): a folder that is no run (runs/_cache) is skipped, with a note."""
+    from nemo_muon.reporting import NotARun, analyze, load_run, text_table, write_report_for
     from nemo_muon.reporting.flops import fill_tflops
 
+    runs, skipped = [], []
     try:
-        runs = [load_run(p) for p in paths]
+        for path in paths:
+            try:
+                runs.append(load_run(path))
+            except NotARun:  # `report runs/*`: a folder beside the runs (runs/_cache) is no run
+                skipped.append(path)
+                click.echo(f"skipped {shown(str(path))}: not a run (no metrics.jsonl, no Megatron/Bridge log with "
+                           "iteration lines)", err=True)
     except (ValueError, OSError) as e:
         raise click.UsageError(str(e)) from None
+    if not runs:
+        raise click.UsageError(f"PATHS must name at least one run folder (with metrics.jsonl) or Megatron/Bridge log; "
+                               f"got none among {shown([str(p) for p in paths])}: each has no metrics.jsonl and no log "
+                               "with iteration lines")
     recipe_obj = None
     if recipe is not None:
         from nemo_muon.recipes import get_recipe, list_recipes
@@ -47,7 +60,8 @@ def report(paths: tuple[Path, ...], out: Path, recipe: str | None, as_json: bool
     summaries, pairs = analyze(runs)
     if as_json:
         click.echo(json.dumps({"report": str(md), "runs": [s.as_dict() for s in summaries],
-                               "pairs": [p.as_dict() for p in pairs]}, indent=2))
+                               "pairs": [p.as_dict() for p in pairs], "skipped": [str(p) for p in skipped]},
+                              indent=2))
     else:
         click.echo(text_table(summaries, pairs), nl=False)
         click.echo(f"report: {md}")

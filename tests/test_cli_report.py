@@ -78,3 +78,22 @@ def test_report_bad_paths_are_usage_errors(tmp_path: Path) -> None:
     log = _megatron_log(tmp_path / "x.log", [1.0], 1.0, [1.0])
     result = CliRunner().invoke(main, ["report", str(log), "--recipe", "nope", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "--recipe must be one of" in result.output
+
+
+def test_report_of_a_runs_glob_skips_what_is_not_a_run_saying_so(tmp_path: Path) -> None:
+    """`nemo-muon report runs/*` after `make demo`: the tokenizer cache beside the run folders is no run."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _jsonl_run(runs / "tiny_kimi_k2_muon-1", "muon", [5.0, 4.0, 3.0])
+    _jsonl_run(runs / "tiny_kimi_k2_adamw-1", "adamw", [5.0, 4.5, 4.0])
+    (runs / "_cache" / "tokenizer").mkdir(parents=True)
+    (runs / "_cache" / "tokenizer" / "vocab.json").write_text("{}")
+    paths = sorted(str(p) for p in runs.iterdir())  # what the shell's runs/* gives
+    result = CliRunner().invoke(main, ["report", *paths, "--out", str(tmp_path / "o"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert f"skipped '{runs / '_cache'}': not a run (no metrics.jsonl" in result.stderr
+    data = json.loads(result.stdout)
+    assert [r["name"] for r in data["runs"]] == ["tiny_kimi_k2_adamw-1", "tiny_kimi_k2_muon-1"]
+    assert data["skipped"] == [str(runs / "_cache")]
+    only_cache = CliRunner().invoke(main, ["report", str(runs / "_cache"), "--out", str(tmp_path / "o2")])
+    assert only_cache.exit_code == 2 and "got none among" in only_cache.output and "Traceback" not in only_cache.output

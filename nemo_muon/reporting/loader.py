@@ -11,6 +11,11 @@ from nemo_muon.reporting.records import RunLog
 LOG_SUFFIXES: tuple[str, ...] = (".log", ".out", ".txt", ".err")
 
 
+class NotARun(ValueError):
+    """A folder that holds no run: no metrics.jsonl and no Megatron/Bridge log with iteration lines (``runs/_cache``
+    beside the run folders). ``nemo-muon report runs/*`` skips it, saying so; a damaged run is an error instead."""
+
+
 def _merge(name: str, runs: list[RunLog]) -> RunLog:
     """Merge several log files of one run (e.g. per-node srun outputs): first value per step wins."""
     merged = RunLog(name=name, sources=[s for r in runs for s in r.sources], kind=runs[0].kind)
@@ -48,7 +53,7 @@ def load_run(path: Path) -> RunLog:
     logs = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in LOG_SUFFIXES)
     runs = [r for r in (read_megatron_log(p, name=path.name) for p in logs) if r.train or r.val]
     if not runs:
-        raise ValueError(
+        raise NotARun(
             f"run folder {path} has no metrics.jsonl and no Megatron/Bridge log ({', '.join(LOG_SUFFIXES)}) "
             "with iteration lines"
         )
