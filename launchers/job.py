@@ -19,6 +19,7 @@ from nemo_muon.launchers.launch_input import LaunchError, parse_env, parse_mount
 from nemo_muon.launchers.profiles import EXECUTORS, ClusterProfile, get_profile
 from nemo_muon.launchers.run_recipe import LAUNCH_ENV_VAR
 from nemo_muon.launchers.slurm import SlurmJob, render_sbatch, sbatch_argv
+from nemo_muon.recipes.execute import check_new_run_folder
 from nemo_muon.recipes.resolved import document_path, to_document
 
 from nemo_muon._validation import shown
@@ -203,9 +204,10 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
     if run_dir.is_symlink():  # the run writes into its own folder, never through a link planted there
         raise LaunchError(f"logging.run_name must name a run folder, not a symbolic link; got {shown(str(run_dir))} "
                           f"-> {shown(os.readlink(run_dir))}")
-    if (run_dir / "metrics.jsonl").exists() and not recipe.checkpoint.resume:
-        raise LaunchError(f"logging.run_name must name a new run folder (or set checkpoint.resume=true); "
-                          f"{shown(str(run_dir))} already holds metrics.jsonl")
+    try:
+        check_new_run_folder(recipe)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
     env_all = {**recipe.env, **(profile.env if profile else {}), **parse_env(opts.env, environ)}
     plain, secrets = split_secrets(env_all)
     if plain or secrets:  # the job records these names (values of secrets masked) in launch.json

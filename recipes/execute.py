@@ -8,7 +8,9 @@ NeMo-Run launch calls) and the operator CLI. A recipe is resolved once (`build_r
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -16,8 +18,10 @@ from nemo_muon.recipes import get_recipe
 from nemo_muon.recipes.overrides import apply_overrides
 from nemo_muon.recipes.systems import check_layout
 
+from nemo_muon._validation import shown
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.secret_policy import mask_env
+from nemo_muon.train.refusals import RunRefused
 
 
 def build_recipe(name: str, overrides: Sequence[str] = ()) -> TrainingRecipe:
@@ -69,6 +73,42 @@ def describe(recipe: TrainingRecipe) -> str:
     return f"# {layout_summary(recipe)}\n{body}"
 
 
+METRICS_FILE = "metrics.jsonl"
+"""What a run folder holds once a run has started in it (the torch backend's metrics; docs/ARCHITECTURE.md)."""
+
+
+def run_folder(recipe: TrainingRecipe) -> Path:
+    """``<logging.root>/<logging.run_name or the recipe name>``: where the run writes."""
+    return Path(recipe.logging.root) / (recipe.logging.run_name or recipe.name)
+
+
+def check_new_run_folder(recipe: TrainingRecipe) -> None:
+    """Refuse, before anything starts, a run folder that already holds a run (unless ``checkpoint.resume``): the
+    job would refuse it only after the launch (`nemo-muon launch`, `bench` and `nemo llm pretrain` all check)."""
+    folder = run_folder(recipe)
+    if (folder / METRICS_FILE).exists() and not recipe.checkpoint.resume:
+        raise ValueError(f"logging.run_name must name a new run folder (or set checkpoint.resume=true); "
+                         f"{shown(str(folder))} already holds {METRICS_FILE}")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing or broken
+        return False
+
+
+def check_backend_installed(recipe: TrainingRecipe) -> None:
+    """Refuse to train here a recipe whose backend this environment lacks (the megatron backend needs
+    Megatron-Bridge, the NeMo container's): one line naming the recipe, what is missing and what runs instead."""
+    if recipe.backend == "megatron" and not _installed("megatron.bridge"):
+        raise RunRefused(
+            f"recipe {recipe.name} has backend='megatron', which trains only where Megatron-Bridge is installed (the "
+            f"NeMo container, containers/README.md); got no Megatron-Bridge here: print it with `nemo llm pretrain "
+            f"--factory {recipe.name} --dryrun`, submit it with `nemo-muon launch --recipe {recipe.name} --executor "
+            f"slurm`, or train a torch-backend recipe here (tiny_kimi_k2_muon)")
+
+
 def backend_pretrain(backend: str) -> Callable[..., Any]:
     """The training function of a backend: 'torch' -> nemo_muon.train.pretrain.pretrain (CPU/GPU, torchrun),
     'megatron' -> nemo_muon.megatron.bridge.container.pretrain (Megatron-Bridge in the NeMo container, one task per GPU)."""
@@ -85,6 +125,7 @@ def pretrain_recipe(recipe: TrainingRecipe, **kwargs: Any) -> Any:
     """Train ``recipe`` in this process with its backend (``backend_pretrain``)."""
     recipe.validate()
     check_layout(recipe)
+    check_backend_installed(recipe)
     return backend_pretrain(recipe.backend)(recipe, **kwargs)
 
 

@@ -31,9 +31,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import click
 import nemo_run as run
 from nemo_muon.recipes import list_recipes
-from nemo_muon.recipes.execute import build_recipe, describe, run_resolved
+from nemo_muon.recipes.execute import (
+    build_recipe,
+    check_backend_installed,
+    check_new_run_folder,
+    describe,
+    run_resolved,
+)
 from nemo_muon.recipes.overrides import check_secret_overrides
 from nemo_muon.recipes.resolved import to_document
 from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, catalogue
@@ -130,8 +137,46 @@ class RecipeRunContext(RunContext):
             # a dotted path to one of our factories (nemo_muon.recipes.kimi_k2.kimi_k2_muon) = that recipe
             self.factory = self.factory.rsplit(".", 1)[1]
         if self.factory and "." not in self.factory and self.factory not in names:
-            raise RunContextError(f"--factory must be one of {tuple(names)}; got {shown_redacted(self.factory)}")
-        super().cli_execute(fn, passthrough, entrypoint_type)
+            nemo = "" if FOREIGN_LLM else (" (NeMo 2's own recipes, llama3_8b ..., need the NeMo toolkit, NGC 26.02's "
+                                           "container; not installed here)")
+            raise RunContextError(f"--factory must be one of {tuple(names)}{nemo}; got {shown_redacted(self.factory)}")
+        if self.dryrun:  # a dry run launches nothing: there is nothing to confirm (and maybe no terminal to ask)
+            self.skip_confirmation = True
+        elif self.factory in names:
+            check_before_launch(self.factory, self.recipe_overrides, passthrough)
+            if not self.skip_confirmation and not _has_terminal():
+                raise RunContextError("--yes must be given to launch without a terminal (nothing can answer "
+                                      "'Continue?'); got no --yes: add --yes to launch, or --dryrun to print the recipe")
+        try:
+            super().cli_execute(fn, passthrough, entrypoint_type)
+        except click.exceptions.Abort:  # 'Continue?' answered by end of input or Ctrl-C
+            raise RunContextError("not launched: 'Continue?' got no answer (add --yes to launch without asking)") \
+                from None
+
+
+def _has_terminal() -> bool:
+    """Whether NeMo-Run can ask 'Continue?': a terminal on stdin, or ranks under torchrun (where it never asks)."""
+    under_torchrun = os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1")
+    return under_torchrun or (sys.stdin is not None and sys.stdin.isatty())
+
+
+def _runs_here(passthrough: list[str]) -> bool:
+    """Whether the task runs on this machine: no ``run.executor=`` (in this process) or the local executor."""
+    executors = [a.partition("=")[2] for a in passthrough if a.partition("=")[0].strip() == "run.executor"]
+    return not executors or "local" in executors[-1].lower()
+
+
+def check_before_launch(recipe_name: str, overrides: list[str], passthrough: list[str]) -> None:
+    """What would otherwise fail only after NeMo-Run printed its plan and started the job, refused here in one line:
+    a bad override, a run folder that already holds a run, a backend this machine cannot train (Megatron-Bridge
+    absent) when the task runs here."""
+    try:
+        recipe = build_recipe(recipe_name, overrides)
+        check_new_run_folder(recipe)
+        if _runs_here(passthrough):
+            check_backend_installed(recipe)
+    except ValueError as e:
+        raise RunContextError(str(e)) from None
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -177,11 +222,29 @@ def launch(ctx: RunContext, recipe_name: str, overrides: list[str]) -> None:
         executor.env_vars.update(recipe.env)
         # resolved once, here: every rank loads this plain dict (nemo_muon.recipes.resolved), nothing re-parses
         task = run.Partial(_nemo_run_task_function(), recipe=document)
-        run.run(task, executor=executor, name=recipe.name, dryrun=ctx.dryrun, detach=ctx.detach)
+        run_task(task, executor, name=recipe.name, dryrun=ctx.dryrun, detach=ctx.detach)
     elif not ctx.dryrun:
         code = run_resolved(recipe)
         if code:
             raise SystemExit(code)
+
+
+def run_task(task: run.Partial, executor: Any, *, name: str, dryrun: bool = False, detach: bool = False) -> None:
+    """`run.run` for one task on ``executor``, then its end state: a job that did not succeed is an error (one line,
+    exit 1), where `run.run` returns as if it had (NeMo-Run logs ``finished: FAILED`` and ``nemo`` exits 0)."""
+    with run.Experiment(title=name, executor=executor) as exp:
+        exp.add(task, tail_logs=True, name=name)
+        if dryrun:
+            exp.dryrun()
+            return
+        exp.run(detach=detach)
+    if detach:
+        return
+    for job in exp.jobs:
+        state = getattr(job, "state", None)
+        if getattr(state, "name", str(state)) != "SUCCEEDED":
+            raise RunContextError(f"job {job.id} of experiment {exp._id} finished {getattr(state, 'name', state)}; "
+                                  f"its logs: {job.executor.job_dir}")
 
 
 def _nemo_run_task_function() -> Callable:
