@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -96,8 +97,26 @@ def _print_recipes(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     ctx.exit(0)
 
 
+OVERRIDES_HELP = "Same as a KEY=VALUE argument (repeatable; applied before the arguments)."
+DRY_RUN_NAMES = ("--dry-run", "--dryrun")
+"""One dry-run spelling for every subcommand (``--dry-run``), NeMo-Run's (``--dryrun``) accepted too."""
+
+
+def merged_overrides(fn: Any) -> Any:
+    """``fn`` taking its recipe overrides as ``overrides``: the ``--set KEY=VALUE`` options, then the ``KEY=VALUE``
+    arguments (one syntax for every subcommand: arguments, documented; ``--set``, plan's, accepted too)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, set_overrides: tuple[str, ...] = (), overrides: tuple[str, ...] = (), **kwargs: Any) -> Any:
+        return fn(*args, overrides=(*set_overrides, *overrides), **kwargs)
+
+    call = click.option("--set", "set_overrides", multiple=True, metavar="KEY=VALUE", help=OVERRIDES_HELP)(call)
+    return click.argument("overrides", nargs=-1)(call)
+
+
 def launch_options(fn: Any) -> Any:
     """The options launch and bench share (defaults: from the cluster profile, else from the recipe)."""
+    fn = merged_overrides(fn)
     decorators = [
         click.option("--list", is_flag=True, is_eager=True, expose_value=False, callback=_print_recipes,
                      help="List the recipe names and exit."),
@@ -119,7 +138,6 @@ def launch_options(fn: Any) -> Any:
         click.option("--mount", multiple=True, metavar="SRC:DST[:ro]", help="Bind mount (repeatable)."),
         click.option("--env", multiple=True, metavar="NAME[=VALUE]",
                      help="Job variable (repeatable); a bare NAME forwards it from your environment."),
-        click.argument("overrides", nargs=-1),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
@@ -133,7 +151,8 @@ def usage_error(e: Exception, env_items: tuple[str, ...] = ()) -> click.UsageErr
 
 @click.command("launch")
 @launch_options
-@click.option("--dry-run", is_flag=True, help="Print exactly what would be submitted or run; submit nothing.")
+@click.option(*DRY_RUN_NAMES, "dry_run", is_flag=True,
+              help="Print exactly what would be submitted or run; submit nothing.")
 @click.option("--wait/--no-wait", default=False, help="Slurm: wait for the job to finish [default: no-wait].")
 @click.option("--wait-timeout", type=FINITE_POSITIVE, default=None, metavar="SECONDS",
               help="Stop waiting after this long (the job keeps running) [default: no limit].")

@@ -12,6 +12,7 @@ from typing import Any
 import click
 from nemo_muon.launchers.bounded_yaml import MAX_MESSAGE, cut, load_yaml_file
 from nemo_muon.launchers.cli_types import FINITE_POSITIVE
+from nemo_muon.launchers.launch import merged_overrides
 
 from nemo_muon._validation import shown
 from nemo_muon.config.limits import MAX_WORLD_SIZE
@@ -125,17 +126,16 @@ def _load_gpu_peaks_file(path: Path) -> None:
               help="Explicit Megatron pipeline layout string, e.g. 'Et|(tt|)*30L' (default: derived from PP·VP).")
 @click.option("--step-time", type=FINITE_POSITIVE, default=None,
               help="A measured step time in seconds: adds TFLOP/s/GPU and MFU, model-only and model + NS.")
-@click.option("--model-tflops", type=FINITE_POSITIVE, default=None,
+@click.option("--model-tflops", type=FINITE_POSITIVE, default=None, metavar="TFLOP/s",
               help="Achieved model TFLOP/s/GPU of the AdamW baseline: the step-time model's compute (default: an "
               "assumed 40% of the GPU's dense bf16 peak).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a recipe field before planning, e.g. --set trainer.global_batch_size=8192 (repeatable;"
-              " checked like launch and --dryrun check it).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@merged_overrides
 def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | None, syrk: bool,
          pipeline_layout: str | None, step_time: float | None, model_tflops: float | None, overrides: tuple[str, ...],
          as_json: bool) -> None:
-    """Validate a recipe's layout and print what Muon will cost on each rank, before launching it."""
+    """Validate a recipe's layout and print what Muon will cost on each rank, before launching it; overrides are
+    key=value (trainer.global_batch_size=8192), checked as launch and --dryrun check them."""
     from nemo_muon.recipes.execute import build_recipe
 
     from nemo_muon.accounting.gpu_peaks import known_gpus
