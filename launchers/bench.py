@@ -4,39 +4,55 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import click
-from nemo_muon.launchers.job import LaunchError, build_plan
-from nemo_muon.launchers.launch import execute, launch_options, options_from_cli, usage_error
+from nemo_muon.launchers.job import LaunchError, LaunchPlan, build_plan
+from nemo_muon.launchers.launch import DRY_RUN_NAMES, execute, launch_options, options_from_cli, usage_error
 
 from nemo_muon._validation import shown
 from nemo_muon.registry import names as optimizer_names
-from nemo_muon.registry import specs
+from nemo_muon.registry import spec_for, spec_named
 from nemo_muon.secret_policy import mask_text, secret_values
 
 
-def _matrix_optimizer_names() -> list[str]:
-    """The registry's matrix optimizers, longest name first (``normuon`` before ``muon``)."""
-    return sorted((s.name for s in specs() if s.matrix is not None), key=len, reverse=True)
-
-
 def baseline_name(recipe: str, compare: str) -> str:
-    """'kimi_k2_muon_bf16' + 'adamw' -> 'kimi_k2_adamw_bf16': the matrix optimizer's name, a whole token of the
-    recipe name, swapped ('tiny_kimi_k2_normuon' -> 'tiny_kimi_k2_adamw'). ``compare`` is a registered optimizer
-    name other than the recipe's own, inserted as text (never a regular-expression template)."""
-    names = _matrix_optimizer_names()
-    token = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, names)) + r")(?![A-Za-z0-9])", re.ASCII)
-    found = token.search(recipe)
-    if found is None:
-        raise LaunchError(f"--recipe must name a recipe of a matrix optimizer (its name contains one of {names} "
-                          f"as a token); got {shown(recipe)}")
-    if compare not in optimizer_names() or compare == found.group(1):
-        others = tuple(n for n in optimizer_names() if n != found.group(1))
-        raise LaunchError(f"--compare must be one of {others} (another optimizer than the recipe's "
-                          f"{found.group(1)!r}); got {shown(compare)}")
-    return recipe[:found.start()] + compare + recipe[found.end():]
+    """The recipe ``recipe`` is measured against: its name with its optimizer's registry name (`spec_for` of the
+    recipe's optimizer config: a whole ``_`` token of the name) swapped for ``compare`` when that recipe is registered
+    ('kimi_k2_muon_bf16' + 'adamw' -> 'kimi_k2_adamw_bf16', 'tiny_kimi_k2_normuon' -> 'tiny_kimi_k2_adamw'); else
+    ``recipe`` itself, whose optimizer `bench` then switches with ``optimizer=<compare>``. ``compare`` is a registered
+    optimizer other than the recipe's own (inserted as text, never a template)."""
+    from nemo_muon.recipes import get_recipe, list_recipes
+
+    recipes = list_recipes()
+    if recipe not in recipes:
+        raise LaunchError(f"--recipe must be one of {tuple(recipes)}; got {shown(recipe)}")
+    own = spec_for(get_recipe(recipe).optimizer)
+    if own.matrix is None:
+        matrix = tuple(n for n in optimizer_names() if spec_named(n).matrix is not None)
+        raise LaunchError(f"--recipe must name a recipe of a matrix optimizer (one of {matrix}); got {shown(recipe)} "
+                          f"({own.name})")
+    if compare not in optimizer_names() or compare == own.name:
+        others = tuple(n for n in optimizer_names() if n != own.name)
+        raise LaunchError(f"--compare must be one of {others} (another optimizer than the recipe's {own.name!r}); "
+                          f"got {shown(compare)}")
+    tokens = recipe.split("_")
+    swapped = "_".join(compare if token == own.name else token for token in tokens)
+    return swapped if own.name in tokens and swapped in recipes else recipe
+
+
+def bench_plans(recipe: str, compare: str, options: dict, overrides: tuple[str, ...]) -> list[LaunchPlan]:
+    """The two checked launches, before either starts: ``recipe``, then its baseline (`baseline_name`; ``optimizer=
+    <compare>`` when no such recipe is registered) in its own run folder: ``<run folder>-<compare>`` when both would
+    write into one (``logging.run_name=b1``, or one recipe). Each folder is refused if it already holds a run."""
+    baseline = baseline_name(recipe, compare)
+    first = build_plan(options_from_cli(recipe, overrides=overrides, **options))
+    extra = () if baseline != recipe else (f"optimizer={compare}",)
+    second = build_plan(options_from_cli(baseline, overrides=(*overrides, *extra), **options))
+    if second.run_dir == first.run_dir:  # the baseline never writes into the first run's folder
+        extra = (*extra, f"logging.run_name={first.run_dir.name}-{compare}")
+        second = build_plan(options_from_cli(baseline, overrides=(*overrides, *extra), **options))
+    return [first, second]
 
 
 @click.command("bench")
@@ -46,7 +62,7 @@ def baseline_name(recipe: str, compare: str) -> str:
               help="Training steps of both runs [default: the recipe's].")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Report folder [default: <logging root>/bench-<recipe>].")
-@click.option("--dry-run", is_flag=True, help="Print both launches exactly; submit nothing.")
+@click.option(*DRY_RUN_NAMES, "dry_run", is_flag=True, help="Print both launches exactly; submit nothing.")
 @click.option("--wait/--no-wait", default=True, help="Wait for both runs and write the report [default: wait].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench(recipe: str, executor: str | None, cluster: str | None, profiles: str | None, nodes: int | None,
@@ -56,12 +72,11 @@ def bench(recipe: str, executor: str | None, cluster: str | None, profiles: str 
           as_json: bool) -> None:
     """Run RECIPE and its --compare baseline with the same layout and overrides, then report Muon vs baseline."""
     extra = (*overrides, f"trainer.max_steps={steps}") if steps is not None else overrides
-    plans = []
+    options = dict(executor=executor, cluster=cluster, profiles=profiles, nodes=nodes, gpus_per_node=gpus_per_node,
+                   account=account, partition=partition, time=time_, image=image, container=container, mount=mount,
+                   env=env)
     try:
-        for name in (recipe, baseline_name(recipe, compare)):
-            opts = options_from_cli(name, executor, cluster, profiles, nodes, gpus_per_node, account, partition,
-                                    time_, image, container, mount, env, extra)
-            plans.append(build_plan(opts))
+        plans = bench_plans(recipe, compare, options, extra)
     except LaunchError as e:
         raise usage_error(e, env) from None
     first, second = plans
@@ -77,9 +92,12 @@ def bench(recipe: str, executor: str | None, cluster: str | None, profiles: str 
     try:
         r1 = execute(first, wait=wait, progress=not as_json)
         results.append(r1)
+        if not r1.ok and (r1.state is not None or r1.exit_code is not None):
+            raise click.ClickException(
+                f"{first.recipe_name} failed ({r1.state or f'exit {r1.exit_code}'}; its run folder: {first.run_dir}); "
+                f"the baseline {second.recipe_name} was not started")
         if second.script is not None and r1.job_id is not None and not wait:
-            opts = options_from_cli(second.recipe_name, executor, cluster, profiles, nodes, gpus_per_node, account,
-                                    partition, time_, image, container, mount, env, extra)
+            opts = options_from_cli(second.recipe_name, overrides=tuple(second.overrides), **options)
             opts.dependency = f"afterany:{r1.job_id}"
             second = build_plan(opts)
         results.append(execute(second, wait=wait, progress=not as_json))
