@@ -12,11 +12,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it (loaded lazily)
+# public name -> module that defines it (loaded lazily); every registered optimizer's class and config class is public
+# too, found through its registry entry (`_registered`)
 _LAZY = {
     "Muon": "nemo_muon.optim.muon",
     "SOAP": "nemo_muon.optim.soap",
-    "NorMuon": "nemo_muon.optim.normuon",
     "newton_schulz": "nemo_muon.optim.ns_iteration",
     "build_optimizer": "nemo_muon.optim.factory",
     "WholeTensorOptimizer": "nemo_muon.layerwise.optimizer",
@@ -24,7 +24,6 @@ _LAZY = {
     "MuonConfig": "nemo_muon.config.optimizer",
     "SoapConfig": "nemo_muon.config.optimizer",
     "AdamWConfig": "nemo_muon.config.optimizer",
-    "NorMuonConfig": "nemo_muon.registry.normuon",
     "TrainingRecipe": "nemo_muon.config.recipe",
 }
 
@@ -47,6 +46,20 @@ def renamed(module: str, name: str) -> str:
     return new
 
 
+def _registered(name: str) -> Any:
+    """The optimizer class (``nemo_muon.NorMuon``) or config class (``nemo_muon.NorMuonConfig``) of a registry entry
+    of this package called ``name``; None when none is."""
+    from nemo_muon.registry import resolve, specs
+
+    for spec in specs():
+        module, _, attribute = spec.implementation.partition(":")
+        if attribute == name and module.startswith(f"{__name__}."):
+            return resolve(spec.implementation)
+        if spec.config_class.__name__ == name and spec.config_class.__module__.startswith(f"{__name__}."):
+            return spec.config_class
+    return None
+
+
 def __getattr__(name: str) -> Any:
     if name in RENAMED:
         name = renamed(__name__, name)
@@ -54,4 +67,7 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _SUBPACKAGES:
         return importlib.import_module(f"{__name__}.{name}")
+    found = None if name.startswith("_") else _registered(name)
+    if found is not None:
+        return found
     raise AttributeError(f"module 'nemo_muon' has no attribute {name!r}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,12 +44,28 @@ class ShadowMuon(MuonConfig):
 
 
 def test_the_name_tables_are_the_registrys():
-    assert names() == ("muon", "soap", "adamw", "normuon")
-    assert config_classes() == {"muon": MuonConfig, "soap": SoapConfig, "adamw": AdamWConfig,
-                                "normuon": NorMuonConfig}
+    assert names() == tuple(sorted(names())) and {"muon", "soap", "adamw", "normuon"} <= set(names())
+    assert {"muon": MuonConfig, "soap": SoapConfig, "adamw": AdamWConfig, "normuon": NorMuonConfig}.items() <= \
+        config_classes().items()
     for spec in BUILTIN:
         assert spec_for(spec.config_class()) is spec is spec_named(spec.name)
         assert spec.config_class().name == spec.name
+
+
+def test_a_module_with_a_spec_is_discovered_without_a_line_elsewhere(tmp_path, monkeypatch):
+    """Registry entries are the package's modules that define ``SPEC`` (in the order of their names), so a new
+    optimizer's file is all the registry needs; a ``SPEC`` that is not an `OptimizerSpec` is refused."""
+    import nemo_muon.registry as registry
+
+    (tmp_path / "zz_sign.py").write_text("import dataclasses\nfrom nemo_muon.registry.muon import SPEC as MUON\n"
+                                         "SPEC = dataclasses.replace(MUON, name='zz_sign')\n")
+    (tmp_path / "helper_module.py").write_text("VALUE = 1\n")
+    monkeypatch.setattr(registry, "__path__", [*registry.__path__, str(tmp_path)])
+    found = registry.discover()
+    assert [s.name for s in found] == [*names(), "zz_sign"]
+    (tmp_path / "zz_bad.py").write_text("SPEC = 'muon'\n")
+    with pytest.raises(ValueError, match=r"nemo_muon.registry.zz_bad.SPEC must be an OptimizerSpec; got str"):
+        registry.discover()
 
 
 def test_an_override_switches_to_any_registered_optimizer_and_a_document_round_trips_it():
@@ -59,8 +76,7 @@ def test_an_override_switches_to_any_registered_optimizer_and_a_document_round_t
     doc = json.loads(json.dumps(to_document(recipe, source="tiny_kimi_k2_muon", overrides=["optimizer=normuon"])))
     assert doc["recipe"]["optimizer"]["name"] == "normuon"
     assert from_document(doc).optimizer == recipe.optimizer
-    with pytest.raises(ValueError, match=r"optimizer must be one of \('muon', 'soap', 'adamw', 'normuon'\); got "
-                                         r"'lion'"):
+    with pytest.raises(ValueError, match=re.escape(f"optimizer must be one of {names()}; got 'lion'")):
         apply_overrides(get_recipe("tiny_kimi_k2_muon"), ["optimizer=lion"])
 
 

@@ -308,7 +308,8 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
             ns_precision="bf16" if megatrons_own or not runs_ns else opt.ns_precision,
             ns_coefficients=opt.coefficients if runs_ns else "quintic",
             grad_bytes=4 if recipe.precision.kind == "fp32" else 2,
-            implementation=IMPLEMENTATIONS["megatron" if megatrons_own else "nemo_muon"])
+            implementation=IMPLEMENTATIONS["megatron" if megatrons_own else "nemo_muon"],
+            **({"matrix_bytes_per_element": opt_spec.matrix.element_bytes} if opt_spec.matrix is not None else {}))
         out["step_time"] = predict(inputs, hardware(gpu), model_tflops=model_tflops)
     return out
 

@@ -16,7 +16,8 @@ Parts of one step, per path (docs/step_time.md has the rules and the published c
   optimizer (AdamW) and the reduce-scatter layout hide it in the next forward; Megatron's legacy layer-wise path
   gathers after the step (Bridge keeps ``overlap_param_gather=False`` for it), exposed.
 - ``optimizer_s``: the busiest rank's update: element-wise passes bound by HBM bandwidth (AdamW: 30 B per element
-  it owns; Muon's momentum and update: 22 B per matrix element) plus Newton–Schulz, every operator priced as
+  it owns; the matrix optimizer's per matrix element from its registry entry, ``matrix.element_bytes``: Muon's
+  momentum and update 22 B) plus Newton–Schulz, every operator priced as
   max(FLOPs / peak, bytes / HBM, the kernel floor), one operator per matrix (``batched=False``: Megatron's and
   Emerging-Optimizers' loop) or per same-shape stack (``batched=True``), in the NS algorithm the implementation
   runs on that shape (``ns_operators``); with split ownership, plus the bytes the rank sends within its blocks for
@@ -38,6 +39,7 @@ from nemo_muon.accounting.hardware import Hardware
 from nemo_muon.accounting.layout import Layout
 from nemo_muon.accounting.ns_choice import choose_algorithm
 from nemo_muon.config.optimizer import COEFFICIENT_SETS
+from nemo_muon.registry.muon import MUON_MATRIX
 
 DEFAULT_MODEL_MFU = 0.40
 """Achieved model FLOP/s as a fraction of the dense BF16 peak when the user gives no baseline (``--model-tflops``):
@@ -45,10 +47,11 @@ an assumption, printed as such; pass the AdamW baseline's measured model TFLOP/s
 BACKWARD_SHARE = 2.0 / 3.0
 """Megatron's FLOP count: 4 of every 6 FLOPs per weight per token are the backward."""
 ADAMW_BYTES_PER_ELEMENT = 30
-"""Adam's update: fp32 master, grad, two moments read (16 B), master and moments written (12 B), bf16 param (2 B)."""
-MUON_BYTES_PER_ELEMENT = 22
-"""Muon's element-wise work per matrix element: grad and momentum read, momentum written (12 B), master read and
-written (8 B), bf16 param written (2 B); Newton–Schulz itself is priced operator by operator."""
+"""Adam's update: fp32 master, grad, two moments read (16 B), master and moments written (12 B), bf16 param (2 B).
+Megatron's Adam: the baseline's distributed optimizer and every matrix optimizer's element-wise part."""
+MUON_BYTES_PER_ELEMENT = MUON_MATRIX.element_bytes
+"""Muon's element-wise work per matrix element (its registry entry's ``matrix.element_bytes``): the default of
+`StepInputs.matrix_bytes_per_element`."""
 NS_PRECISIONS = ("bf16", "fp32")
 
 
@@ -177,6 +180,9 @@ class StepInputs:
     """Bytes per gradient element in the reduction (Bridge's perf runs: bf16, ``grad_reduce_in_fp32=False``)."""
     overlap_grad_reduce: bool = True
     implementation: Implementation = field(default_factory=lambda: IMPLEMENTATIONS["megatron"])
+    matrix_bytes_per_element: int = MUON_BYTES_PER_ELEMENT
+    """HBM bytes of the matrix optimizer's element-wise passes per matrix element (the recipe's registry entry:
+    ``spec.matrix.element_bytes``)."""
 
     def __post_init__(self) -> None:
         check_range("model_flops_per_gpu", self.model_flops_per_gpu, low=0.0)
@@ -276,7 +282,8 @@ def path_times(inputs: StepInputs, hw: Hardware, model_flops_per_s: float) -> di
     def split_exchange(rk: RankWork) -> float:  # within its blocks: consecutive DP ranks, tp apart
         return rk.split_bytes / _group_bandwidth(hw, lay, lay.tp, rk.split_block) if rk.split_block > 1 else 0.0
 
-    muon_opt = max(n + (MUON_BYTES_PER_ELEMENT * rk.matrix_elements + ADAMW_BYTES_PER_ELEMENT * rk.adam_elements)
+    per_matrix_element = inputs.matrix_bytes_per_element
+    muon_opt = max(n + (per_matrix_element * rk.matrix_elements + ADAMW_BYTES_PER_ELEMENT * rk.adam_elements)
                    / hw.hbm_bytes_per_s + split_exchange(rk)
                    for n, rk in zip(ns, (rk for st in inputs.ranks for rk in st), strict=True))
     uneven = max(rk.gather_bytes for stage in inputs.ranks for rk in stage) / dp_bw

@@ -7,21 +7,35 @@ class, so a config subclassed from a registered one is refused until it is regis
 costed, as its parent.
 
 Adding an optimizer: one file holding its config and its ``SPEC`` (``nemo_muon/registry/<name>.py``; its update in
-``nemo_muon/optim/`` when it is new math), one line in `BUILTIN` below, a recipe entry and its test. Code outside the
-package registers with `register`.
+``nemo_muon/optim/`` when it is new math). The modules of this package are discovered (`discover`): every one that
+defines ``SPEC`` is registered, so nothing here names it. Code outside the package registers with `register`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from typing import Any
 
 from nemo_muon._validation import check_choice, fail
-from nemo_muon.registry import adamw, muon, normuon, soap
 from nemo_muon.registry.spec import MatrixSpec, MegatronSpec, OptimizerSpec, resolve
 
-BUILTIN: tuple[OptimizerSpec, ...] = (muon.SPEC, soap.SPEC, adamw.SPEC, normuon.SPEC)
-"""The optimizers of this package, in the order listings show them."""
+
+def discover() -> tuple[OptimizerSpec, ...]:
+    """The ``SPEC`` of every module of this package that defines one, in the order of the modules' names."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        spec = getattr(importlib.import_module(f"{__name__}.{info.name}"), "SPEC", None)
+        if spec is not None:
+            if not isinstance(spec, OptimizerSpec):
+                raise ValueError(f"{__name__}.{info.name}.SPEC must be an OptimizerSpec; got {type(spec).__name__}")
+            found.append(spec)
+    return tuple(found)
+
+
+BUILTIN: tuple[OptimizerSpec, ...] = discover()
+"""The optimizers of this package (`discover`), in the order listings show them."""
 
 _BY_NAME: dict[str, OptimizerSpec] = {}
 _BY_CLASS: dict[type, OptimizerSpec] = {}
@@ -48,6 +62,20 @@ def register(spec: OptimizerSpec) -> OptimizerSpec:
 
 for _spec in BUILTIN:
     register(_spec)
+
+
+def check_baselines() -> None:
+    """Raise unless every registered spec's ``baseline`` is another registered optimizer that is a baseline itself."""
+    for spec in _BY_NAME.values():
+        if spec.baseline is None:
+            continue
+        base = _BY_NAME.get(spec.baseline)
+        if base is None or base is spec or base.baseline is not None:
+            allowed = tuple(s.name for s in _BY_NAME.values() if s.baseline is None and s is not spec)
+            raise fail(f"OptimizerSpec {spec.name!r}.baseline", spec.baseline, f"None or one of {allowed}")
+
+
+check_baselines()
 
 
 def names() -> tuple[str, ...]:
@@ -98,5 +126,6 @@ def is_registered(config: Any) -> bool:
     return type(config) in _BY_CLASS
 
 
-__all__ = ["BUILTIN", "MatrixSpec", "MegatronSpec", "OptimizerSpec", "check_split_target", "config_classes", "is_registered", "names",
-           "register", "resolve", "spec_for", "spec_named", "specs"]
+__all__ = ["BUILTIN", "MatrixSpec", "MegatronSpec", "OptimizerSpec", "check_baselines", "check_split_target",
+           "config_classes", "discover", "is_registered", "names", "register", "resolve", "spec_for", "spec_named",
+           "specs"]

@@ -14,4 +14,5 @@ SPEC = OptimizerSpec(
     runtime_args=(),
     matrix=None,
     megatron=MegatronSpec(engines=(), bridge_name="adam"),
+    baseline=None,
 )

@@ -28,11 +28,6 @@ def momentum_elements(shape: Shape) -> int:
     return math.prod(shape)
 
 
-def muon_adam_part(cfg: Any) -> tuple[tuple[float, float], float]:
-    """Muon's AdamW part: ``adamw_betas`` / ``adamw_eps``."""
-    return tuple(cfg.adamw_betas), cfg.adamw_eps
-
-
 MUON_MATRIX = MatrixSpec(routing=muon_routing, update_flops=muon_update_flops, per_part=True,
                          state_elements=momentum_elements, newton_schulz=True, splittable=True)
 
@@ -44,9 +39,11 @@ SPEC = OptimizerSpec(
     runtime_args=MUON_RUNTIME_ARGS,
     matrix=MUON_MATRIX,
     megatron=MegatronSpec(
-        engines=("nemo_muon", "megatron"), bridge_name="muon", registered_name="nemo_muon",
-        fields="nemo_muon.megatron.shared.optimizer_config:muon_fields", adam_part=muon_adam_part,
+        engines=("nemo_muon", "megatron"), bridge_name="muon", bridge_layer_wise_name="dist_muon",
+        registered_name="nemo_muon", fields="nemo_muon.megatron.shared.optimizer_config:muon_fields",
+        adam_fields=("adamw_betas", "adamw_eps"),
         # Megatron fuses gate/up and has no skip-step; the perf recipes keep Bridge's (Megatron's) spectral scale
         recipe_defaults={"split_gate_up": False, "nonfinite": "raise", "scale_mode": "spectral"},
     ),
+    baseline="adamw",
 )

@@ -26,10 +26,12 @@ SPEC = OptimizerSpec(
     implementation="nemo_muon.optim.soap:SOAP",
     runtime_args=("tp_group", "master_weights", "matrix_rule"),
     matrix=MatrixSpec(routing=soap_routing, update_flops=soap_update_flops, per_part=False,
+                      # element_bytes: Muon's, the default (the step-time model does not model SOAP's own)
                       state_elements=soap_state_elements, newton_schulz=False, splittable=False),
     megatron=MegatronSpec(
         engines=("nemo_muon", "megatron"), bridge_name="soap", registered_name="nemo_soap",
         fields="nemo_muon.megatron.shared.optimizer_config:soap_fields",
         recipe_defaults={"nonfinite": "raise"},
     ),
+    baseline="adamw",
 )

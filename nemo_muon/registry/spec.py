@@ -33,6 +33,11 @@ class MatrixSpec:
     """The update is Newton–Schulz: its FLOPs are the ones the MFU accounting counts (``ns_flops``)."""
     splittable: bool
     """Split ownership (``ns_split_target``: one matrix's NS over a block of DP ranks) applies."""
+    element_bytes: int = 22
+    """HBM bytes per matrix element of the update's element-wise passes besides its matmuls (state read and written,
+    master, the bf16 parameter written): what the step-time model (`nemo_muon.accounting.step_time`) prices them at.
+    The default is Muon's: grad and momentum read, momentum written (12 B), master read and written (8 B), bf16 param
+    written (2 B)."""
 
     def update_cost(self, shape: Shape, parts: Sequence[Shape], hyperparameters: Hyperparameters) -> float:
         """FLOPs per step of one parameter's update: the sum over the fused ``parts`` it is split into, or of the
@@ -55,14 +60,29 @@ class MegatronSpec:
     registered_name: str | None = None
     """Engine 'nemo_muon' on Megatron-Core >= 0.18: the name ours is registered under in Megatron's emerging-optimizer
     registry (``OptimizerConfig.optimizer``)."""
+    bridge_layer_wise_name: str | None = None
+    """Megatron-Bridge >= 0.4's name of the family's layer-wise form where it differs from ``bridge_name``
+    ('dist_muon'; Bridge's SOAP is 'soap' either way)."""
     fields: str | None = None
-    """``"module:function"`` of the mapping ``(config, api, field_names, *, engine, ...) -> (OptimizerConfig kwargs,
-    Megatron's name)`` (``nemo_muon.megatron.shared.optimizer_config``): the fields Megatron's config shows for either
-    engine (engine 'nemo_muon' never reads them back), and what engine 'megatron' runs."""
-    adam_part: Callable[[Any], tuple[tuple[float, float], float]] = lambda cfg: (cfg.betas, cfg.eps)
-    """Config -> (betas, eps) of Megatron's Adam, which updates what the matrix optimizer does not."""
+    """``"module:function"`` of the mapping ``(config, api, field_names, *, engine, ...) -> OptimizerConfig kwargs``
+    (``nemo_muon.megatron.shared.optimizer_config``): the fields Megatron's config shows for either engine (engine
+    'nemo_muon' never reads them back), and what engine 'megatron' runs."""
+    adam_fields: tuple[str, str] = ("betas", "eps")
+    """The config's fields of Megatron's Adam (betas, eps), which updates what the matrix optimizer does not (the
+    NeMo 2 recipes' ``adam_beta1`` / ``adam_beta2`` / ``adam_eps`` set them)."""
     recipe_defaults: Mapping[str, Any] = field(default_factory=dict)
     """Config values the megatron perf recipes set where our defaults are not what Megatron-Core can honour."""
+
+    def adam_part(self, config: Any) -> tuple[tuple[float, float], float]:
+        """(betas, eps) of Megatron's Adam in ``config`` (`adam_fields`)."""
+        betas, eps = self.adam_fields
+        return tuple(getattr(config, betas)), getattr(config, eps)
+
+    def logged_names(self) -> tuple[str, ...]:
+        """Megatron's / Bridge's names of the family (``bridge_name``, its layer-wise form, ``dist_<name>`` as
+        Bridge 0.3 spells it) and our registered name: what a Megatron log's ``optimizer`` may say."""
+        names = (self.registered_name, self.bridge_name, self.bridge_layer_wise_name, f"dist_{self.bridge_name}")
+        return tuple(dict.fromkeys(n for n in names if n))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +102,9 @@ class OptimizerSpec:
     matrix: MatrixSpec | None
     """None: an element-wise optimizer (state sharded by elements: Megatron's distributed optimizer)."""
     megatron: MegatronSpec
+    baseline: str | None = None
+    """The registered optimizer it is measured against (reports pair its runs with that one's, the demo and
+    ``nemo-muon bench`` run it next); None: a baseline itself, or compared with none."""
 
 
 def resolve(reference: str) -> Any:

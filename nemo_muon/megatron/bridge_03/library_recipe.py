@@ -19,6 +19,9 @@ from nemo_muon.megatron.bridge.container import DeliberateDifference, check_supp
 from nemo_muon.megatron.bridge.perf_presets import BRIDGE_PERF_LAYOUTS
 from nemo_muon.registry import spec_for
 
+LIBRARY_OPTIMIZER_TYPES: tuple[str, ...] = ("adam", "muon")
+"""What Bridge 0.3's Kimi K2 library recipe takes as ``optimizer_type`` (it raises on anything else); the base's
+optimizer is replaced by ours afterwards (`nemo_muon.megatron.bridge.container`)."""
 BRIDGE_BASE_RECIPES: dict[str, str] = {
     "kimi_k2": "megatron.bridge.recipes.kimi.kimi_k2:kimi_k2_pretrain_config",
     "qwen3_30b_a3b": "megatron.bridge.recipes.qwen.qwen3_moe:qwen3_30b_a3b_pretrain_config",
@@ -30,6 +33,13 @@ PRECISION_TO_BRIDGE: dict[str, str] = {
     "mxfp8": "bf16_with_mxfp8_mixed",
 }
 """`megatron.bridge.training.mixed_precision` presets; fp32 training is not offered by the megatron backend."""
+
+
+def library_optimizer_type(recipe: TrainingRecipe) -> str:
+    """The library recipe's ``optimizer_type`` nearest the recipe's optimizer: its Megatron family name where the
+    library recipe takes it (AdamW's 'adam', Muon's and its variants' 'muon'), else 'muon' (any layer-wise one)."""
+    name = spec_for(recipe.optimizer).megatron.bridge_name
+    return name if name in LIBRARY_OPTIMIZER_TYPES else "muon"
 
 
 def bridge_recipe_kwargs(recipe: TrainingRecipe) -> dict[str, Any]:
@@ -53,7 +63,7 @@ def bridge_recipe_kwargs(recipe: TrainingRecipe) -> dict[str, Any]:
     if recipe.data.kind == "indexed":
         kw["data_paths"] = [recipe.data.path]
     if recipe.model.name == "kimi_k2":
-        kw["optimizer_type"] = "adam" if spec_for(recipe.optimizer).matrix is None else "muon"
+        kw["optimizer_type"] = library_optimizer_type(recipe)
     else:
         kw["expert_tensor_parallel_size"] = par.etp
     return kw

@@ -117,11 +117,10 @@ def _megatron_structure(opt: BaseOptimizerConfig) -> None:
                       "optimizer.adamw_lr=none")
 
 
-def muon_fields(opt: MuonConfig, api: str, fields: Collection[str], *, engine: str,
-                **_: Any) -> tuple[dict[str, Any], str]:
-    """Muon's (and NorMuon's Muon part's) Megatron-Core fields, and the name Bridge dispatches on (the registry
-    entry's ``megatron.fields``). Written for either engine, so the config Megatron validates and logs says what runs;
-    engine 'nemo_muon' reads none of them back. A setting no field can say is refused on both engines."""
+def muon_fields(opt: MuonConfig, api: str, fields: Collection[str], *, engine: str, **_: Any) -> dict[str, Any]:
+    """Muon's (and its variants' Muon part's) Megatron-Core fields (the registry entry's ``megatron.fields``).
+    Written for either engine, so the config Megatron validates and logs says what runs; engine 'nemo_muon' reads
+    none of them back. A setting no field can say is refused on both engines."""
     check_choice("muon.tp_mode (Megatron-Core)", opt.tp_mode, MCORE_TP_MODES)
     scale_mode, extra = opt.scale_mode, opt.extra_scale_factor
     if scale_mode == "match_rms_adamw":
@@ -147,27 +146,26 @@ def muon_fields(opt: MuonConfig, api: str, fields: Collection[str], *, engine: s
         raise _refuse("muon.coefficients", opt.coefficients,
                       f"megatron-core 0.16's own Muon always uses {LEGACY_COEFFICIENTS!r} (no coefficient field); "
                       "engine 'nemo_muon' runs every set (optimizer.engine=nemo_muon)")
-    return kw, "muon"
+    return kw
 
 
 def soap_fields(opt: SoapConfig, api: str, fields: Collection[str], *, engine: str,
-                soap_has_precondition_frequency: bool = False, **_: Any) -> tuple[dict[str, Any], str]:
-    """SOAP's Megatron-Core fields (>= 0.18; 0.16 has none) and its name. Engine 'nemo_muon' honours every field
-    (written for the log, read back never); engine 'megatron' (emerging-optimizers' SOAP) refuses what it ignores."""
+                soap_has_precondition_frequency: bool = False, **_: Any) -> dict[str, Any]:
+    """SOAP's Megatron-Core fields (>= 0.18; 0.16 has none). Engine 'nemo_muon' honours every field (written for the
+    log, read back never); engine 'megatron' (emerging-optimizers' SOAP) refuses what it ignores."""
     if engine == ENGINE_NEMO_MUON:
         if api != CORE_018_PLUS:
-            return {}, "soap"
-        return {"soap_shampoo_beta": opt.shampoo_beta, "soap_precondition_frequency": opt.precondition_frequency}, \
-            "soap"
+            return {}
+        return {"soap_shampoo_beta": opt.shampoo_beta, "soap_precondition_frequency": opt.precondition_frequency}
     if api != CORE_018_PLUS:
-        raise _refuse("optimizer", "soap", "megatron-core 0.16 has Muon only; SOAP needs megatron-core >= 0.18")
+        raise _refuse("optimizer", opt.name, "megatron-core 0.16 has Muon only; SOAP needs megatron-core >= 0.18")
     if opt.precondition_frequency != 1 and not soap_has_precondition_frequency:
         raise _refuse("soap.precondition_frequency", opt.precondition_frequency,
                       "the installed emerging_optimizers SOAP refreshes its eigenbasis every step and ignores "
                       "soap_precondition_frequency; use 1")
     if opt.eps != SOAP_FIXED_EPS:
         raise _refuse("soap.eps", opt.eps, f"it passes no eps to SOAP, whose default is {SOAP_FIXED_EPS}")
-    return {"soap_shampoo_beta": opt.shampoo_beta, "soap_precondition_frequency": opt.precondition_frequency}, "soap"
+    return {"soap_shampoo_beta": opt.shampoo_beta, "soap_precondition_frequency": opt.precondition_frequency}
 
 
 def megatron_optimizer_spec(
@@ -195,17 +193,18 @@ def megatron_optimizer_spec(
     kw.update(adam_beta1=beta1, adam_beta2=beta2, adam_eps=eps)
     if "decoupled_weight_decay" in fields:
         kw["decoupled_weight_decay"] = True
+    name = spec.megatron.bridge_name
     if spec.matrix is None:
-        kw.update(optimizer="adam", use_distributed_optimizer=True)
-        return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", False, "adam")
+        kw.update(optimizer=name, use_distributed_optimizer=True)
+        return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", False, name)
     engine = opt.engine
     if engine not in spec.megatron.engines:
         raise _refuse(f"{opt.name}.engine", engine, f"{spec.label} runs inside Megatron-Core with engine "
                       f"{' or '.join(map(repr, spec.megatron.engines))} only")
     _megatron_structure(opt)
-    own, name = resolve(spec.megatron.fields)(opt, api, fields, engine=engine,
-                                              soap_has_precondition_frequency=soap_has_precondition_frequency)
-    kw.update(own)
+    kw.update(resolve(spec.megatron.fields)(opt, api, fields, engine=engine,
+                                            soap_has_precondition_frequency=soap_has_precondition_frequency))
+    layer_wise_name = spec.megatron.bridge_layer_wise_name or name
     if engine == ENGINE_NEMO_MUON:
         if not layerwise:
             raise _refuse(f"{opt.name}.engine", engine, f"nemo-muon's {spec.label} runs inside Megatron's layer-wise "
@@ -214,18 +213,12 @@ def megatron_optimizer_spec(
             kw.update(optimizer=f"dist_{name}", use_distributed_optimizer=False)
             return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON, True, f"dist_{name}")
         kw.update(optimizer=name, use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=True)
-        return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON, True, _bridge_layer_wise_name(name))
+        return MegatronOptimizerSpec(api, kw, BUILDER_NEMO_MUON, True, layer_wise_name)
     if api == CORE_016_017:
         kw.update(optimizer=f"dist_{name}" if layerwise else name, use_distributed_optimizer=False)
         return MegatronOptimizerSpec(api, kw, "get_megatron_muon_optimizer", layerwise, kw["optimizer"])
     kw.update(optimizer=name, use_distributed_optimizer=False, use_layer_wise_distributed_optimizer=layerwise)
-    return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", layerwise,
-                                 _bridge_layer_wise_name(name) if layerwise else name)
-
-
-def _bridge_layer_wise_name(name: str) -> str:
-    """Bridge >= 0.4 names layer-wise Muon ``dist_muon``; its SOAP is ``soap`` either way."""
-    return f"dist_{name}" if name == "muon" else name
+    return MegatronOptimizerSpec(api, kw, "get_megatron_optimizer", layerwise, layer_wise_name if layerwise else name)
 
 
 def ddp_flags(opt: BaseOptimizerConfig, *, cost_layout: bool = False) -> dict[str, bool]:
