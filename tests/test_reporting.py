@@ -86,6 +86,27 @@ def test_muon_reaches_adamw_final_val_loss_in_fewer_steps(tmp_path: Path) -> Non
     assert "at step 4: 1.50x fewer steps" in text
 
 
+def test_each_optimizer_pairs_with_its_registered_baseline_and_normuon_is_not_muon(tmp_path: Path) -> None:
+    """Which optimizer a run used and its baseline come from the registry: NorMuon (whose name contains 'muon') is
+    its own optimizer, paired with AdamW beside Muon; Megatron's log names ('dist_muon', 'adam') are read too."""
+    from nemo_muon.reporting.summary import optimizer_of
+    from nemo_muon.reporting.tables import markdown_table
+
+    curves = {"muon": [5, 4, 3], "normuon": [5, 3.8, 2.9], "adamw": [5, 4.5, 4]}
+    runs = [load_run(_write_jsonl_run(tmp_path / f"tiny_kimi_k2_{o}", optimizer=o, losses=c, val={}))
+            for o, c in curves.items()]
+    summaries, pairs = analyze(runs)
+    assert [s.optimizer for s in summaries] == ["muon", "normuon", "adamw"]
+    assert {(p.muon, p.adamw, p.title) for p in pairs} == {
+        ("tiny_kimi_k2_muon", "tiny_kimi_k2_adamw", "Muon vs AdamW"),
+        ("tiny_kimi_k2_normuon", "tiny_kimi_k2_adamw", "NorMuon vs AdamW")}
+    assert "NorMuon vs AdamW:" in markdown_table(summaries, pairs) and "ratio normuon/adamw" in render_table(
+        [tmp_path / "tiny_kimi_k2_normuon", tmp_path / "tiny_kimi_k2_adamw"])
+    assert [optimizer_of(n) for n in ("tiny_kimi_k2_normuon-20250101", "dist_muon", "adam", "nemo_normuon",
+                                      "kimi_k2_adamw_bf16", "tiny_kimi_k2_soap")] == \
+        ["normuon", "muon", "adamw", "normuon", "adamw", "soap"]
+
+
 def test_muon_that_never_reaches_target_is_reported_as_such(tmp_path: Path) -> None:
     muon = _write_jsonl_run(tmp_path / "m", optimizer="muon", losses=[5, 4.9], val={})
     adamw = _write_jsonl_run(tmp_path / "a", optimizer="adamw", losses=[5, 3.0], val={})

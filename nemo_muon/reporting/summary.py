@@ -1,12 +1,18 @@
-"""Per-run summary numbers and the Muon-vs-AdamW comparison (steps to reach AdamW's final loss)."""
+"""Per-run summary numbers and each optimizer against its baseline (steps to reach the baseline's final loss).
+
+Which optimizer a run used, and which baseline it is measured against, come from the registry (`nemo_muon.registry`:
+``spec.baseline``; names in logs and run names read by `nemo_muon.registry.mentions`), so NorMuon is never Muon and
+a newly registered optimizer pairs with its baseline without a line here.
+"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from nemo_muon.registry.mentions import mentioned, spec_called
+from nemo_muon.registry.spec import OptimizerSpec
 from nemo_muon.reporting.records import RunLog, TrainPoint
 
 
@@ -39,10 +45,15 @@ class RunSummary:
 
 @dataclass(kw_only=True)
 class PairComparison:
-    """Muon against AdamW on the same recipe: how many steps Muon needs to reach AdamW's final loss."""
+    """An optimizer against its baseline on the same recipe (Muon against AdamW, ...): how many steps it needs to
+    reach the baseline's final loss. The fields keep Muon's and AdamW's names for the two sides."""
 
     muon: str
+    """The run of the optimizer compared."""
     adamw: str
+    """The run of its baseline."""
+    title: str = "Muon vs AdamW"
+    """The two optimizers' labels ('NorMuon vs AdamW'): the heading of the comparison."""
     metric: str
     """'val_loss' when both runs validated, else 'train_loss'."""
     target_loss: float
@@ -58,15 +69,21 @@ class PairComparison:
         return asdict(self)
 
 
-def optimizer_family(name: str | None) -> str | None:
-    """'muon', 'soap' or 'adamw' from an optimizer (or run) name such as 'dist_muon', 'adam', 'kimi_k2_adamw'."""
-    if not name:
-        return None
-    low = name.lower()
-    for family, token in (("muon", "muon"), ("soap", "soap"), ("adamw", "adam")):
-        if token in low:
-            return family
+def run_spec(run: RunLog) -> OptimizerSpec | None:
+    """The registered optimizer a run used: its log's optimizer name, exactly (ours: the registered name; Megatron's:
+    'dist_muon', 'adam', ...) or as a token ('kimi_k2_adamw'), else the one its recipe or run name mentions."""
+    for text in (run.optimizer, run.recipe, run.name):
+        found = spec_called(text) or getattr(mentioned(text), "spec", None)
+        if found is not None:
+            return found
     return None
+
+
+def optimizer_of(name: str | None) -> str | None:
+    """The registered optimizer an optimizer, recipe or run name means ('dist_muon' and 'kimi_k2_muon' -> 'muon',
+    'tiny_kimi_k2_normuon' -> 'normuon', 'adam' -> 'adamw'); None when it names none."""
+    found = spec_called(name) or getattr(mentioned(name), "spec", None)
+    return found.name if found is not None else None
 
 
 def _steady(points: Sequence[TrainPoint], attr: str) -> list[TrainPoint]:
@@ -101,7 +118,7 @@ def summarize(run: RunLog) -> RunSummary:
     return RunSummary(
         name=run.name,
         recipe=run.recipe,
-        optimizer=run.optimizer or optimizer_family(run.name),
+        optimizer=run.optimizer or optimizer_of(run.name),
         world_size=run.world_size,
         last_step=run.train[-1].step if run.train else None,
         final_train_loss=losses[-1].loss if losses else None,
@@ -123,7 +140,8 @@ def _curve(run: RunLog, metric: str) -> list[tuple[int, float]]:
 
 
 def compare_pair(muon: RunLog, adamw: RunLog) -> PairComparison | None:
-    """Steps for Muon to reach AdamW's final loss (val when both validated); None when a curve is missing."""
+    """Steps for the run ``muon`` (an optimizer) to reach the final loss of ``adamw`` (its baseline's run; val when
+    both validated); None when a curve is missing."""
     metric = "val_loss" if muon.val and adamw.val else "train_loss"
     m_curve, a_curve = _curve(muon, metric), _curve(adamw, metric)
     if not m_curve or not a_curve:
@@ -133,29 +151,37 @@ def compare_pair(muon: RunLog, adamw: RunLog) -> PairComparison | None:
     m_sum, a_sum = summarize(muon), summarize(adamw)
     tput = (m_sum.model_tflops / a_sum.model_tflops
             if m_sum.model_tflops is not None and a_sum.model_tflops else None)
+    labels = [getattr(run_spec(r), "label", None) or r.name for r in (muon, adamw)]
     return PairComparison(
-        muon=muon.name, adamw=adamw.name, metric=metric, target_loss=target, adamw_steps=adamw_steps,
-        muon_steps=reached, step_ratio=(adamw_steps / reached) if reached else None, throughput_ratio=tput,
+        muon=muon.name, adamw=adamw.name, title=" vs ".join(labels), metric=metric, target_loss=target,
+        adamw_steps=adamw_steps, muon_steps=reached, step_ratio=(adamw_steps / reached) if reached else None,
+        throughput_ratio=tput,
     )
 
 
-_OPT_TOKEN = re.compile(r"(^|[_\-.])(dist_)?(muon|adamw|adam|soap)(?=\Z|[_\-.])", re.IGNORECASE | re.ASCII)
-
-
 def _pair_key(run: RunLog) -> str:
-    return _OPT_TOKEN.sub(r"\1", run.recipe or run.name).strip("_-.").lower()
+    """The recipe (or run) name without its optimizer's token: runs of one recipe and its baseline share it."""
+    text = run.recipe or run.name
+    found = mentioned(text)
+    if found is not None:
+        text = text[:found.start] + text[found.end:]
+    return text.strip("_-.").lower()
 
 
 def find_pairs(runs: Sequence[RunLog]) -> list[tuple[RunLog, RunLog]]:
-    """Muon/AdamW pairs: runs whose recipe (or name) differs only by the optimizer token; else the only two."""
-    fam = {id(r): optimizer_family(r.optimizer) or optimizer_family(r.name) for r in runs}
-    muons = [r for r in runs if fam[id(r)] == "muon"]
-    adams = [r for r in runs if fam[id(r)] == "adamw"]
+    """(run, its baseline's run) pairs (the registry's ``spec.baseline``): runs whose recipe (or name) differs only by
+    the optimizer's token; else, with one run of one optimizer and one of its baseline, those two."""
+    spec = {id(r): run_spec(r) for r in runs}
+    compared = [r for r in runs if spec[id(r)] is not None and spec[id(r)].baseline is not None]
+
+    def baselines_of(r: RunLog) -> list[RunLog]:
+        return [b for b in runs if spec[id(b)] is not None and spec[id(b)].name == spec[id(r)].baseline]
+
     pairs = []
-    for m in muons:
-        match = next((a for a in adams if _pair_key(a) == _pair_key(m)), None)
+    for r in compared:
+        match = next((b for b in baselines_of(r) if _pair_key(b) == _pair_key(r)), None)
         if match is not None:
-            pairs.append((m, match))
-    if not pairs and len(muons) == 1 and len(adams) == 1:
-        pairs.append((muons[0], adams[0]))
+            pairs.append((r, match))
+    if not pairs and len(compared) == 1 and len(baselines_of(compared[0])) == 1:
+        pairs.append((compared[0], baselines_of(compared[0])[0]))
     return pairs

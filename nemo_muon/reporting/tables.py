@@ -1,4 +1,4 @@
-"""Render run summaries and Muon-vs-AdamW comparisons as markdown or aligned plain text."""
+"""Render run summaries and each optimizer against its baseline (Muon vs AdamW, ...) as markdown or aligned text."""
 
 from __future__ import annotations
 
@@ -46,17 +46,17 @@ def _pair_line(p: PairComparison) -> str:
         reach = (f"{p.muon} reached {p.adamw}'s final {metric} {p.target_loss:.4f} (step {p.adamw_steps}) "
                  f"at step {p.muon_steps}: {p.step_ratio:.2f}x fewer steps")
     if p.throughput_ratio is not None:
-        reach += f"; model TFLOP/s ratio muon/adamw = {p.throughput_ratio:.3f}"
+        reach += f"; model TFLOP/s ratio {p.title.lower().replace(' vs ', '/')} = {p.throughput_ratio:.3f}"
     return reach
 
 
 def markdown_table(summaries: Sequence[RunSummary], pairs: Sequence[PairComparison] = ()) -> str:
-    """A markdown table (one row per run) followed by one bullet per Muon/AdamW pair."""
+    """A markdown table (one row per run) followed by one bullet per pair, under its heading ('Muon vs AdamW:')."""
     header = [c for c, _ in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in _rows(summaries)]
-    if pairs:
-        lines += ["", "Muon vs AdamW:"] + [f"- {_pair_line(p)}" for p in pairs]
+    for title in dict.fromkeys(p.title for p in pairs):
+        lines += ["", f"{title}:"] + [f"- {_pair_line(p)}" for p in pairs if p.title == title]
     return "\n".join(lines) + "\n"
 
 
