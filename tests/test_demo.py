@@ -36,6 +36,11 @@ def test_demo_recipes_share_data_and_seed(tmp_path):
     assert muon.data.tokenizer_dir == str(tmp_path / "_cache")  # one tokenizer cache for both runs
     with pytest.raises(ValueError, match=r"family must be one of \('kimi_k2', 'qwen3_moe'\); got 'llama'"):
         demo_recipes("llama", steps=None, runs_root=str(tmp_path), stamp="x")
+    # the second run is the registry's baseline of the first: any optimizer with a baseline and a tiny recipe
+    soap, baseline = demo_recipes("kimi_k2", steps=None, runs_root=str(tmp_path), stamp="y", optimizer="soap")
+    assert (soap.name, baseline.name) == ("tiny_kimi_k2_soap", "tiny_kimi_k2_adamw")
+    with pytest.raises(ValueError, match=r"optimizer must be one of \(.*'muon'.*\); got 'adamw'"):
+        demo_recipes("kimi_k2", steps=None, runs_root=str(tmp_path), stamp="z", optimizer="adamw")
 
 
 def test_demo_cli_rejects_bad_steps(capsys):
