@@ -1,4 +1,4 @@
-"""NeMo 2 (NeMo 2.7, NGC 26.02) optimizer modules and optimizer recipes for Muon, SOAP and AdamW.
+"""NeMo 2 (NeMo 2.7, NGC 26.02) optimizer modules and optimizer recipes for every registered optimizer.
 
 In NeMo's own idiom (``nemo/collections/llm/recipes/optim/adam.py``): a recipe function returns
 ``run.Config[EmergingOptimizerModule]`` with the LR scheduler inside, so it serializes with NeMo-Run (YAML, zlib-JSON)
@@ -13,8 +13,12 @@ and NeMo's ``io_dump`` (a checkpoint's ``context/``), and the schedule travels w
 NeMo's `MegatronStrategy` copies ``use_distributed_optimizer`` from the module's Megatron config to its DDP config
 (off for Muon/SOAP, which own whole matrices per data-parallel rank; on for AdamW), as for NeMo's own Adam.
 
+The recipes ``<name>_with_cosine_annealing`` and ``<name>_with_wsd`` are generated for every optimizer of the registry
+(`optimizer_recipes`, `OPTIMIZER_RECIPES`: ``muon_*``, ``soap_*``, ``adamw_*``, ``normuon_*``, ...); an optimizer
+added to the registry needs no line here.
+
 `EmergingOptimizerModule` is a module-level `MegatronOptimizerModule` subclass. Its arguments are our validated
-optimizer config (`MuonConfig` / `SoapConfig` / `AdamWConfig`, the single source of every optimizer value), the
+optimizer config (`MuonConfig` / `SoapConfig` / `AdamWConfig` / ..., the single source of every optimizer value), the
 scheduler and the clip; the Megatron-Core `OptimizerConfig` NeMo's machinery reads (``self.config``) is derived from
 them by the tested mapping (`nemo_muon.megatron.shared.optimizer_config`). ``optimizers()`` builds through
 `nemo_muon.megatron.shared.build`, never through NeMo 2.7's ``setup_megatron_optimizer`` (it passes
@@ -24,17 +28,14 @@ No ``from __future__ import annotations`` here: NeMo-Run evaluates a factory's r
 This module needs NeMo 2.7 (``import nemo_muon.megatron.nemo2`` raises ImportError naming what to install otherwise).
 """
 
+import dataclasses
 import inspect
 from typing import Any
 
-from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, AdamWConfig, BaseOptimizerConfig, MuonConfig, SoapConfig
+from nemo_muon.config.optimizer import DEFAULT_WEIGHT_DECAY, BaseOptimizerConfig
 from nemo_muon.megatron.shared.build import build_from_megatron_config, mpu_process_groups
-from nemo_muon.megatron.shared.optimizer_config import (
-    MEGATRON_MUON_DEFAULTS,
-    ddp_flags,
-    to_megatron_optimizer_config,
-)
-from nemo_muon.registry import is_registered
+from nemo_muon.megatron.shared.optimizer_config import ddp_flags, to_megatron_optimizer_config
+from nemo_muon.registry import OptimizerSpec, is_registered, specs
 
 try:
     import nemo_run as run
@@ -175,139 +176,101 @@ def _wsd(max_lr: float, warmup_ratio: float, hold_ratio: float, decay_schedule: 
     return run.Config(WarmupHoldAnnealScheduler, **kwargs)
 
 
-def _muon_config(max_lr: float, weight_decay: float, momentum: float, nesterov: bool, tp_mode: str,
-                 adam_beta1: float, adam_beta2: float, muon_kwargs: dict[str, Any]) -> run.Config[MuonConfig]:
-    fields = {**MEGATRON_MUON_DEFAULTS, "lr": max_lr, "weight_decay": weight_decay, "momentum": momentum,
-              "nesterov": nesterov, "tp_mode": tp_mode, "adamw_betas": (adam_beta1, adam_beta2), **muon_kwargs}
-    MuonConfig(**fields)  # validate now, naming the field, rather than when the trainer builds it
-    return run.Config(MuonConfig, **fields)
+def optimizer_config(spec: OptimizerSpec, max_lr: float, weight_decay: float, adam_beta1: float | None,
+                     adam_beta2: float | None, adam_eps: float | None, fields: dict[str, Any]) -> run.Config:
+    """``run.Config`` of ``spec``'s config, validated now (naming the field) rather than when the trainer builds it:
+    the registry entry's megatron ``recipe_defaults``, the rate and weight decay, NeMo's Adam arguments on the fields
+    of Megatron's Adam (``spec.megatron.adam_fields``; None keeps the config's), then the config ``fields`` given."""
+    values: dict[str, Any] = {**spec.megatron.recipe_defaults, "lr": max_lr, "weight_decay": weight_decay}
+    betas_field, eps_field = spec.megatron.adam_fields
+    if adam_beta1 is not None or adam_beta2 is not None:
+        defaults = {f.name: f.default for f in dataclasses.fields(spec.config_class)}[betas_field]
+        values[betas_field] = (defaults[0] if adam_beta1 is None else adam_beta1,
+                               defaults[1] if adam_beta2 is None else adam_beta2)
+    if adam_eps is not None:
+        values[eps_field] = adam_eps
+    values.update(fields)
+    spec.config_class(**values)
+    return run.Config(spec.config_class, **values)
 
 
-def _soap_config(max_lr: float, weight_decay: float, adam_beta1: float, adam_beta2: float,
-                 soap_kwargs: dict[str, Any]) -> run.Config[SoapConfig]:
-    fields = {"nonfinite": "raise", "lr": max_lr, "weight_decay": weight_decay, "betas": (adam_beta1, adam_beta2),
-              **soap_kwargs}
-    SoapConfig(**fields)
-    return run.Config(SoapConfig, **fields)
+def _described(spec: OptimizerSpec, schedule: str) -> str:
+    what = (f"Layer-wise {spec.label} (Megatron's Adam for embeddings, output layer, norms, biases)"
+            if spec.matrix is not None else f"Megatron's distributed (ZeRO-1) {spec.label}, the baseline")
+    return (f"{what} with {schedule}. Generated from its registry entry (`nemo_muon.registry`): ``adam_beta1`` / "
+            f"``adam_beta2`` / ``adam_eps`` set Megatron's Adam (None: the config's), any other keyword is a field "
+            f"of `{spec.config_class.__name__}`; ``layerwise`` applies to a matrix optimizer.")
 
 
-@optimizer_recipe
-def muon_with_cosine_annealing(
-    precision: str = "bf16-mixed",
-    warmup_steps: int = 2000,
-    constant_steps: int = 0,
-    max_lr: float = 1e-4,
-    min_lr: float | None = None,
-    weight_decay: float = DEFAULT_WEIGHT_DECAY,
-    momentum: float = 0.95,
-    nesterov: bool = True,
-    tp_mode: str = "duplicated",
-    adam_beta1: float = 0.9,
-    adam_beta2: float = 0.95,
-    clip_grad: float = 1.0,
-    max_steps: int | None = None,
-    layerwise: bool = True,
-    **muon_kwargs: Any,
-) -> run.Config[EmergingOptimizerModule]:
-    """Layer-wise Muon (Adam for embeddings, output layer, norms, biases) with warmup and cosine annealing to
-    ``min_lr`` (default 0.1 x max_lr), like NeMo's ``distributed_fused_adam_with_cosine_annealing``."""
-    return _module(_muon_config(max_lr, weight_decay, momentum, nesterov, tp_mode, adam_beta1, adam_beta2, muon_kwargs),
-                   _cosine(max_lr, warmup_steps, constant_steps, min_lr, max_steps), clip_grad, precision, layerwise)
+def optimizer_recipes(spec: OptimizerSpec) -> tuple[Any, Any]:
+    """``<name>_with_cosine_annealing`` and ``<name>_with_wsd`` of a registered optimizer (NeMo's idiom: like
+    ``distributed_fused_adam_with_cosine_annealing``), not yet registered with NeMo-Run (`optimizer_recipe`)."""
+
+    def with_cosine_annealing(
+        precision: str = "bf16-mixed",
+        warmup_steps: int = 2000,
+        constant_steps: int = 0,
+        max_lr: float = 1e-4,
+        min_lr: float | None = None,
+        weight_decay: float = DEFAULT_WEIGHT_DECAY,
+        adam_beta1: float | None = None,
+        adam_beta2: float | None = None,
+        adam_eps: float | None = None,
+        clip_grad: float = 1.0,
+        max_steps: int | None = None,
+        layerwise: bool = True,
+        **fields: Any,
+    ) -> run.Config[EmergingOptimizerModule]:
+        config = optimizer_config(spec, max_lr, weight_decay, adam_beta1, adam_beta2, adam_eps, fields)
+        return _module(config, _cosine(max_lr, warmup_steps, constant_steps, min_lr, max_steps), clip_grad,
+                       precision, layerwise and spec.matrix is not None)
+
+    def with_wsd(
+        precision: str = "bf16-mixed",
+        warmup_ratio: float = 0.01,
+        hold_ratio: float = 0.79,
+        decay_schedule: str = "linear",
+        max_lr: float = 1e-4,
+        min_lr: float | None = None,
+        weight_decay: float = DEFAULT_WEIGHT_DECAY,
+        adam_beta1: float | None = None,
+        adam_beta2: float | None = None,
+        adam_eps: float | None = None,
+        clip_grad: float = 1.0,
+        max_steps: int | None = None,
+        layerwise: bool = True,
+        **fields: Any,
+    ) -> run.Config[EmergingOptimizerModule]:
+        config = optimizer_config(spec, max_lr, weight_decay, adam_beta1, adam_beta2, adam_eps, fields)
+        return _module(config, _wsd(max_lr, warmup_ratio, hold_ratio, decay_schedule, min_lr, max_steps), clip_grad,
+                       precision, layerwise and spec.matrix is not None)
+
+    for fn, kind, schedule in (
+            (with_cosine_annealing, "with_cosine_annealing", "warmup and cosine annealing to ``min_lr`` (default "
+                                                             "0.1 x max_lr)"),
+            (with_wsd, "with_wsd", "warmup-stable-decay (NeMo's WarmupHoldAnnealScheduler): linear warmup over "
+                                   "``warmup_ratio`` of the steps, ``max_lr`` held for ``hold_ratio``, then decay to "
+                                   "``min_lr``")):
+        fn.__name__ = fn.__qualname__ = f"{spec.name}_{kind}"
+        fn.__module__ = __name__
+        fn.__doc__ = _described(spec, schedule)
+    return with_cosine_annealing, with_wsd
 
 
-@optimizer_recipe
-def muon_with_wsd(
-    precision: str = "bf16-mixed",
-    warmup_ratio: float = 0.01,
-    hold_ratio: float = 0.79,
-    decay_schedule: str = "linear",
-    max_lr: float = 1e-4,
-    min_lr: float | None = None,
-    weight_decay: float = DEFAULT_WEIGHT_DECAY,
-    momentum: float = 0.95,
-    nesterov: bool = True,
-    tp_mode: str = "duplicated",
-    adam_beta1: float = 0.9,
-    adam_beta2: float = 0.95,
-    clip_grad: float = 1.0,
-    max_steps: int | None = None,
-    layerwise: bool = True,
-    **muon_kwargs: Any,
-) -> run.Config[EmergingOptimizerModule]:
-    """Layer-wise Muon with warmup-stable-decay (NeMo's WarmupHoldAnnealScheduler): linear warmup over
-    ``warmup_ratio`` of the steps, ``max_lr`` held for ``hold_ratio``, then decay to ``min_lr``."""
-    return _module(_muon_config(max_lr, weight_decay, momentum, nesterov, tp_mode, adam_beta1, adam_beta2, muon_kwargs),
-                   _wsd(max_lr, warmup_ratio, hold_ratio, decay_schedule, min_lr, max_steps), clip_grad, precision,
-                   layerwise)
+def _publish() -> tuple[str, ...]:
+    """Every registered optimizer's recipes, as names of this module registered with NeMo-Run."""
+    published = []
+    for spec in specs():
+        for fn in optimizer_recipes(spec):
+            globals()[fn.__name__] = optimizer_recipe(fn)
+            published.append(fn.__name__)
+    return tuple(published)
 
 
-@optimizer_recipe
-def soap_with_cosine_annealing(
-    precision: str = "bf16-mixed",
-    warmup_steps: int = 2000,
-    constant_steps: int = 0,
-    max_lr: float = 1e-4,
-    min_lr: float | None = None,
-    weight_decay: float = DEFAULT_WEIGHT_DECAY,
-    adam_beta1: float = 0.95,
-    adam_beta2: float = 0.95,
-    clip_grad: float = 1.0,
-    max_steps: int | None = None,
-    layerwise: bool = True,
-    **soap_kwargs: Any,
-) -> run.Config[EmergingOptimizerModule]:
-    """Layer-wise SOAP (Megatron-Core >= 0.18) with warmup and cosine annealing."""
-    return _module(_soap_config(max_lr, weight_decay, adam_beta1, adam_beta2, soap_kwargs),
-                   _cosine(max_lr, warmup_steps, constant_steps, min_lr, max_steps), clip_grad, precision, layerwise)
+OPTIMIZER_RECIPES: tuple[str, ...] = _publish()
+"""``<name>_with_cosine_annealing`` / ``<name>_with_wsd`` of every optimizer registered when this module loaded
+(``muon_with_cosine_annealing``, ``adamw_with_wsd``, ...)."""
 
 
-@optimizer_recipe
-def soap_with_wsd(
-    precision: str = "bf16-mixed",
-    warmup_ratio: float = 0.01,
-    hold_ratio: float = 0.79,
-    decay_schedule: str = "linear",
-    max_lr: float = 1e-4,
-    min_lr: float | None = None,
-    weight_decay: float = DEFAULT_WEIGHT_DECAY,
-    adam_beta1: float = 0.95,
-    adam_beta2: float = 0.95,
-    clip_grad: float = 1.0,
-    max_steps: int | None = None,
-    layerwise: bool = True,
-    **soap_kwargs: Any,
-) -> run.Config[EmergingOptimizerModule]:
-    """Layer-wise SOAP (Megatron-Core >= 0.18) with warmup-stable-decay."""
-    return _module(_soap_config(max_lr, weight_decay, adam_beta1, adam_beta2, soap_kwargs),
-                   _wsd(max_lr, warmup_ratio, hold_ratio, decay_schedule, min_lr, max_steps), clip_grad, precision,
-                   layerwise)
-
-
-@optimizer_recipe
-def adamw_with_cosine_annealing(
-    precision: str = "bf16-mixed",
-    warmup_steps: int = 2000,
-    constant_steps: int = 0,
-    max_lr: float = 1e-4,
-    min_lr: float | None = None,
-    weight_decay: float = DEFAULT_WEIGHT_DECAY,
-    adam_beta1: float = 0.9,
-    adam_beta2: float = 0.95,
-    adam_eps: float = 1e-8,
-    clip_grad: float = 1.0,
-    max_steps: int | None = None,
-) -> run.Config[EmergingOptimizerModule]:
-    """Megatron's distributed (ZeRO-1) Adam with decoupled weight decay, warmup and cosine annealing: the AdamW
-    baseline of the Muon/SOAP recipes, built through the same module (NeMo 2.7's own ``MegatronOptimizerModule``
-    passes arguments Megatron-Core 0.16.0 from PyPI does not take)."""
-    fields = {"lr": max_lr, "weight_decay": weight_decay, "betas": (adam_beta1, adam_beta2), "eps": adam_eps}
-    AdamWConfig(**fields)
-    return _module(run.Config(AdamWConfig, **fields), _cosine(max_lr, warmup_steps, constant_steps, min_lr, max_steps),
-                   clip_grad, precision, layerwise=False)
-
-
-__all__ = [
-    "EmergingOptimizerModule", "MegatronCoreOptimizer", "adamw_with_cosine_annealing",
-    "apply_param_group_multipliers",
-    "muon_with_cosine_annealing", "muon_with_wsd", "soap_with_cosine_annealing", "soap_with_wsd",
-]
+__all__ = ["EmergingOptimizerModule", "MegatronCoreOptimizer", "OPTIMIZER_RECIPES", "apply_param_group_multipliers",
+           "optimizer_config", "optimizer_recipes", *OPTIMIZER_RECIPES]

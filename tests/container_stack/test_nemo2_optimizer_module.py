@@ -14,18 +14,16 @@ from nemo_run.core.serialization.yaml import YamlSerializer
 from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
 
 import nemo_muon
-from nemo_muon.config.optimizer import AdamWConfig, MuonConfig, SoapConfig
+from nemo_muon.config.optimizer import AdamWConfig
 from nemo_muon.megatron import nemo2
+from nemo_muon.registry import specs
 from tests.distributed import run_distributed
 from tests.megatron_cpu.training import LR, NEMO2_MIN_LR, NEMO2_WARMUP_STEPS, train_tiny
 
-RECIPES = {
-    "muon_with_cosine_annealing": (MuonConfig, CosineAnnealingScheduler),
-    "muon_with_wsd": (MuonConfig, WarmupHoldAnnealScheduler),
-    "soap_with_cosine_annealing": (SoapConfig, CosineAnnealingScheduler),
-    "soap_with_wsd": (SoapConfig, WarmupHoldAnnealScheduler),
-    "adamw_with_cosine_annealing": (AdamWConfig, CosineAnnealingScheduler),
-}
+RECIPES = {f"{spec.name}_{kind}": (spec.config_class, scheduler) for spec in specs()
+           for kind, scheduler in (("with_cosine_annealing", CosineAnnealingScheduler),
+                                   ("with_wsd", WarmupHoldAnnealScheduler))}
+"""Every registered optimizer's two recipes, generated from its registry entry (`nemo2.optimizer_recipes`)."""
 
 
 def _llama_recipe_with(optim):
@@ -37,6 +35,14 @@ def _llama_recipe_with(optim):
 def test_reachable_from_the_package_root():
     assert nemo_muon.megatron.nemo2.muon_with_cosine_annealing is nemo2.muon_with_cosine_annealing
     assert isinstance(nemo2.muon_with_cosine_annealing(max_lr=2e-4), fdl.Config)
+    assert set(RECIPES) <= set(nemo2.__all__) and {"muon_with_cosine_annealing", "soap_with_wsd",
+                                                     "adamw_with_cosine_annealing"} <= set(RECIPES)
+    # NeMo's Adam arguments land on each config's Adam fields; the other keywords are the config's own
+    muon = fdl.build(nemo2.muon_with_wsd(adam_beta2=0.98, momentum=0.9, tp_mode="distributed")).optimizer_config
+    assert (muon.adamw_betas, muon.momentum, muon.tp_mode, muon.scale_mode) == ((0.9, 0.98), 0.9, "distributed",
+                                                                               "spectral")
+    adamw = fdl.build(nemo2.adamw_with_cosine_annealing(adam_beta1=0.8, adam_eps=1e-5)).optimizer_config
+    assert (adamw.betas, adamw.eps) == ((0.8, 0.95), 1e-5)
     # one meaning per name: `Muon` is the optimizer class (nemo_muon.Muon), not also a NeMo recipe function here
     assert not hasattr(nemo2, "Muon") and not hasattr(nemo2, "SOAP")
 
