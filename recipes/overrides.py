@@ -8,6 +8,8 @@ Keys (NeMo's section names are accepted as aliases: ``optim`` = ``optimizer``, `
 * ``env.<NAME>=value`` sets an environment variable of the run (never a secret: an override naming or carrying one,
   ``env.HF_TOKEN=...``, ``env.DB_URL=postgres://u:pw@h/db``, is refused by `nemo_muon.secret_policy`'s policy:
   export the variable and pass it by name);
+* NeMo 2's names (``trainer.num_nodes``, ``data.global_batch_size``, ``optim.config.lr``, ``log.log_dir``...) set
+  our field of the same meaning (`NEMO2_NAMES`), or are refused naming the field to set (`NEMO2_REFUSED`);
 * ``optimizer=muon|adamw|soap`` switches the optimizer to that kind's defaults, keeping lr and weight_decay;
   ``model=<name>`` picks another model spec from `nemo_muon.models.specs.MODEL_SPECS`.
 
@@ -33,6 +35,56 @@ from nemo_muon.registry import names, spec_named
 from nemo_muon.secret_policy import check_override, shown_redacted
 
 SECTION_ALIASES: dict[str, str] = {"optim": "optimizer", "log": "logging"}
+NEMO2_NAMES: dict[str, str] = {
+    # NeMo 2's llm recipes' override names (nemo/collections/llm/recipes: trainer, data, optim, log, resume) that
+    # mean what one of our fields means, in the same unit: accepted, and set that field
+    "trainer.num_nodes": "system.num_nodes",
+    "trainer.devices": "system.gpus_per_node",
+    "trainer.val_check_interval": "trainer.eval_interval",
+    "trainer.limit_val_batches": "trainer.eval_iters",
+    "trainer.log_every_n_steps": "trainer.log_interval",
+    "trainer.strategy.tensor_model_parallel_size": "parallelism.tp",
+    "trainer.strategy.pipeline_model_parallel_size": "parallelism.pp",
+    "trainer.strategy.virtual_pipeline_model_parallel_size": "parallelism.vp",
+    "trainer.strategy.context_parallel_size": "parallelism.cp",
+    "trainer.strategy.expert_model_parallel_size": "parallelism.ep",
+    "trainer.strategy.expert_tensor_parallel_size": "parallelism.etp",
+    "trainer.strategy.sequence_parallel": "parallelism.sequence_parallel",
+    "data.global_batch_size": "trainer.global_batch_size",
+    "data.micro_batch_size": "trainer.micro_batch_size",
+    "data.seq_length": "trainer.seq_length",
+    "optim.config.lr": "optimizer.lr",
+    "optim.config.weight_decay": "optimizer.weight_decay",
+    "optim.config.clip_grad": "trainer.grad_clip",
+    "optim.lr_scheduler.warmup_steps": "scheduler.warmup_steps",
+    "log.log_dir": "logging.root",
+    "log.name": "logging.run_name",
+    "log.ckpt.every_n_train_steps": "checkpoint.save_interval",
+    "resume.resume_if_exists": "checkpoint.resume",
+    "model.config.<field>": "model.<field>",
+}
+"""NeMo 2 name -> ours. ``model.config.<field>`` stands for every field of the model config."""
+NEMO2_REFUSED: dict[str, str] = {
+    # NeMo 2 names whose meaning or unit differs from the nearest field here: refused, naming that field
+    "trainer.max_epochs": "trainer.max_steps (runs are counted in steps)",
+    "trainer.accumulate_grad_batches": "trainer.global_batch_size (accumulation is derived: global batch / (micro "
+                                       "batch x DP))",
+    "trainer.precision": "precision.kind (bf16, fp8_cs, mxfp8, fp32)",
+    "trainer.plugins.precision": "precision.kind (bf16, fp8_cs, mxfp8, fp32)",
+    "optim.config.optimizer": "optimizer=<name> (a registered optimizer: muon, adamw, soap, normuon)",
+    "optim.config.min_lr": "scheduler.min_lr_ratio (the final rate as a fraction of optimizer.lr)",
+    "optim.lr_scheduler.min_lr": "scheduler.min_lr_ratio (the final rate as a fraction of optimizer.lr)",
+    "optim.lr_scheduler.max_steps": "trainer.max_steps (the schedule spans the run)",
+    "optim.lr_scheduler.constant_steps": "scheduler.wsd_decay_fraction (with scheduler.kind=wsd)",
+    "optim.config.adam_beta1": "optimizer.betas=(b1,b2) (AdamW) or optimizer.adamw_betas=(b1,b2) (Muon, SOAP)",
+    "optim.config.adam_beta2": "optimizer.betas=(b1,b2) (AdamW) or optimizer.adamw_betas=(b1,b2) (Muon, SOAP)",
+    "optim.config.adam_eps": "optimizer.eps (AdamW) or optimizer.adamw_eps (Muon, SOAP)",
+    "data.tokenizer": "data.tokenizer_dir (a Hugging Face tokenizer folder)",
+    "data.paths": "data.path (one Megatron indexed-dataset prefix, with data.kind=indexed)",
+    "log.tensorboard": "logging.tensorboard=true",
+}
+"""NeMo 2 name -> the field to set here instead, and why it is not the same."""
+_MODEL_CONFIG = "model.config."
 SECTIONS: tuple[str, ...] = (
     "model", "optimizer", "parallelism", "system", "trainer", "scheduler", "data", "precision", "checkpoint",
     "logging",
@@ -68,6 +120,17 @@ def split_override(arg: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise ValueError(f"override must have the form key=value (e.g. optim.lr=3e-4); got {shown_redacted(arg)}")
     return key.strip(), value.strip()
+
+
+def nemo2_key(key: str) -> str:
+    """Our key for a NeMo 2 override name (`NEMO2_NAMES`), ``key`` itself when it is none; a NeMo 2 name whose
+    meaning differs here (`NEMO2_REFUSED`) is refused, naming the field to set instead."""
+    if key in NEMO2_REFUSED:
+        raise ValueError(f"override key {shown(key)} is NeMo 2's; it has no exact equivalent here: set "
+                         f"{NEMO2_REFUSED[key]}")
+    if key.startswith(_MODEL_CONFIG):
+        return "model." + key[len(_MODEL_CONFIG):]
+    return NEMO2_NAMES.get(key, key)
 
 
 def _canonical(key: str, recipe: TrainingRecipe) -> tuple[str, str | None]:
@@ -174,8 +237,9 @@ def apply_overrides(recipe: TrainingRecipe, overrides: Sequence[str] | Mapping[s
     """
     pairs = list(overrides.items()) if isinstance(overrides, Mapping) else [split_override(a) for a in overrides]
     pending: dict[str, dict[str, Any]] = {}
-    for key, raw in pairs:
-        check_override(key, raw)
+    for given, raw in pairs:
+        check_override(given, raw)
+        key = nemo2_key(given)
         head, field = _canonical(key, recipe)
         if field is not None and head != "env":
             hints = get_type_hints(type(getattr(recipe, head)))
@@ -221,4 +285,4 @@ def check_override_keys(recipe: TrainingRecipe, overrides: Sequence[str]) -> Non
     """Raise on the first malformed or unknown key, without converting values (fast pre-check for CLIs)."""
     for arg in overrides:
         key, _ = split_override(arg)
-        _canonical(key, recipe)
+        _canonical(nemo2_key(key), recipe)
