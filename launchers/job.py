@@ -134,6 +134,13 @@ def _resolve_recipe(opts: LaunchOptions, profile: ClusterProfile | None) -> tupl
     if opts.recipe not in names:
         raise LaunchError(f"--recipe must be one of {tuple(names)}; got {shown(opts.recipe)}")
     base = get_recipe(opts.recipe)
+    if profile is not None and profile.system is not None and base.system.gpu != profile.system:
+        # before the layout: the profile's GPUs per node would only make the recipe's layout fail
+        picks = recipes_for_gpu(opts.recipe, profile.system)
+        pick = f"pick a recipe for {profile.system}: {', '.join(picks)}" if picks else \
+            f"no recipe of {base.model.name} with {base.optimizer.name} is made for {profile.system}"
+        raise LaunchError(f"--recipe {opts.recipe} runs on system.gpu={base.system.gpu!r}, but cluster "
+                          f"{profile.name!r} has system {profile.system!r}; {pick}")
     overrides = list(opts.overrides)
     try:
         check_secret_overrides(overrides)
@@ -154,9 +161,9 @@ def _resolve_recipe(opts: LaunchOptions, profile: ClusterProfile | None) -> tupl
             f"fit recipe {opts.recipe}'s layout (tp={par.tp} pp={par.pp} cp={par.cp} ep={par.ep}): {e}") from None
     except ValueError as e:
         raise LaunchError(str(e)) from None
-    if profile is not None and profile.system is not None and recipe.system.gpu != profile.system:
-        raise LaunchError(f"--recipe {opts.recipe} runs on system.gpu={recipe.system.gpu!r}, but cluster "
-                          f"{profile.name!r} has system {profile.system!r}; pick a recipe for {profile.system}")
+    if profile is not None and profile.system is not None and recipe.system.gpu != profile.system:  # an override
+        raise LaunchError(f"system.gpu must be the cluster's {profile.system!r} on cluster {profile.name!r}; got "
+                          f"{recipe.system.gpu!r}")
     root = Path(recipe.logging.root).expanduser().absolute()
     if str(root) != recipe.logging.root:
         try:
@@ -166,6 +173,22 @@ def _resolve_recipe(opts: LaunchOptions, profile: ClusterProfile | None) -> tupl
                 from None
         overrides.append(f"logging.root={root}")
     return recipe, overrides
+
+
+def recipes_for_gpu(recipe: str, gpu: str) -> list[str]:
+    """The recipes of ``recipe``'s model and optimizer made for ``gpu``; first those whose name differs from
+    ``recipe``'s only in the GPU token (``kimi_k2_muon_b200`` on gb300 -> ``kimi_k2_muon``)."""
+    from nemo_muon.recipes import get_recipe, list_recipes
+
+    from nemo_muon.config.recipe import GPUS
+
+    def bare(name: str) -> list[str]:
+        return [token for token in name.split("_") if token not in GPUS]
+
+    base = get_recipe(recipe)
+    found = [name for name in list_recipes() if (other := get_recipe(name)).system.gpu == gpu
+             and other.model.name == base.model.name and other.optimizer.name == base.optimizer.name]
+    return sorted(found, key=lambda name: (bare(name) != bare(recipe), name))
 
 
 def _next_script_path(run_dir: Path, job_name: str) -> Path:

@@ -49,3 +49,13 @@ def test_model_tflops_is_labelled_in_tflops_not_seconds() -> None:
     text = " ".join(_ok("plan", "--help").split())
     assert "--model-tflops TFLOP/s" in text and "--model-tflops SECONDS" not in text
     assert "--step-time SECONDS" in text
+
+
+def test_a_recipe_for_another_gpu_than_the_clusters_names_the_recipe_to_pick(tmp_path: Path) -> None:
+    profiles = tmp_path / "clusters.yaml"
+    profiles.write_text("eos:\n  executor: slurm\n  system: gb300\n  gpus_per_node: 4\n  image: nemo-muon:26.02\n")
+    result = CliRunner().invoke(main, ["launch", "--recipe", "kimi_k2_muon_b200", "--cluster", "eos", "--profiles",
+                                       str(profiles), "--dry-run", f"logging.root={tmp_path}"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert ("--recipe kimi_k2_muon_b200 runs on system.gpu='b200', but cluster 'eos' has system 'gb300'; pick a recipe "
+            "for gb300: kimi_k2_muon, ") in " ".join(result.output.split())
