@@ -107,6 +107,7 @@ def test_engine_nemo_muon_builds_from_our_config_never_from_megatrons_copy():
             super().__init__()
             self.config = types.SimpleNamespace(num_attention_heads=4, num_query_groups=2, kv_channels=8)
             self.linear_proj = torch.nn.Linear(8, 8, bias=False)
+            self.linear_qkv = torch.nn.Linear(8, 64, bias=False)  # a fused QKV: its layout comes from the config
 
     ours = NorMuonConfig(lr=2e-4, momentum=0.9, ns_steps=7, coefficients="polar_express", beta2=0.8,
                          **MEGATRON_MUON)
