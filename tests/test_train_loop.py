@@ -1,4 +1,5 @@
-"""A short run of every tiny recipe on 2 gloo ranks: finite, decreasing loss, metrics JSONL, and a report."""
+"""A short run of every tiny recipe (and of every registered matrix optimizer without one, by override) on 2 gloo
+ranks: finite, decreasing loss, metrics JSONL, and a report."""
 
 import json
 import math
@@ -6,12 +7,18 @@ import shutil
 
 import pytest
 from nemo_muon.recipes import get_recipe, list_recipes
+from nemo_muon.recipes.overrides import apply_overrides
 
+from nemo_muon.registry import specs
 from nemo_muon.train.data import stdlib_source_files
 from nemo_muon.train.schedule import lr_multiplier
 from tests.distributed import run_distributed
 
-TINY = sorted(n for n in list_recipes() if n.startswith("tiny_"))
+VARIANTS: dict[str, str] = {f"tiny_kimi_k2_{s.name}": s.name for s in specs()
+                            if s.matrix is not None and f"tiny_kimi_k2_{s.name}" not in list_recipes()}
+"""Every registered matrix optimizer without a tiny recipe of its own (AdaMuon) trains too: ``tiny_kimi_k2_muon`` with
+``optimizer=<name>``, named as its recipe would be."""
+TINY = sorted([*(n for n in list_recipes() if n.startswith("tiny_")), *VARIANTS])
 
 
 def small_corpus(root, n=12):
@@ -26,7 +33,11 @@ def small_corpus(root, n=12):
 def short(name, root, steps=6, corpus=None):
     """The recipe with a test-sized loop: 8 windows of 32 tokens per step, 2 micro-batches per rank; ``corpus``
     (a folder of .py files) as ``data.corpus_root``."""
-    r = get_recipe(name)
+    if name in VARIANTS:
+        r = apply_overrides(get_recipe("tiny_kimi_k2_muon"), [f"optimizer={VARIANTS[name]}"])
+        r.name = name
+    else:
+        r = get_recipe(name)
     r.trainer.max_steps, r.trainer.global_batch_size, r.trainer.micro_batch_size = steps, 8, 2
     r.trainer.seq_length, r.trainer.eval_interval, r.trainer.eval_iters = 32, 3, 1
     r.scheduler.warmup_steps = 1
@@ -52,7 +63,7 @@ def runs(tmp_path_factory):
 
 def test_every_tiny_recipe_is_covered():
     assert {"tiny_kimi_k2_muon", "tiny_kimi_k2_adamw", "tiny_kimi_k2_soap", "tiny_qwen3_moe_muon",
-            "tiny_qwen3_moe_adamw"} <= set(TINY)
+            "tiny_qwen3_moe_adamw", "tiny_kimi_k2_adamuon"} <= set(TINY)
 
 
 @pytest.mark.parametrize("name", TINY)

@@ -17,6 +17,7 @@ from nemo_muon.accounting.model_ownership import model_plan
 from nemo_muon.accounting.ownership_plan import lpt_assign
 from nemo_muon.megatron.shared.stack import installed_versions, problems_for_optimizer
 from nemo_muon.models.specs import get_model_spec
+from nemo_muon.registry import resolve, spec_named
 from tests.distributed import run_distributed
 from tests.megatron_cpu.training import (
     LR,
@@ -91,7 +92,8 @@ def test_our_muon_equals_megatrons_own_layer_wise_muon_step_by_step(spec):
 
 
 @pytest.mark.parametrize("spec, optimizer", [("tiny_qwen3_moe", "adamw"), ("tiny_kimi_k2", "muon"),
-                                             ("tiny_kimi_k2", "soap"), ("tiny_qwen3_moe", "normuon")])
+                                             ("tiny_kimi_k2", "soap"), ("tiny_qwen3_moe", "normuon"),
+                                             ("tiny_kimi_k2", "adamuon")])
 def test_megatron_checkpoint_resume_continues_the_loss_curve(spec, optimizer, tmp_path):
     assert _runs(optimizer)
     ckpt = tmp_path / "ckpt"
@@ -103,6 +105,11 @@ def test_megatron_checkpoint_resume_continues_the_loss_curve(spec, optimizer, tm
                               timeout_s=240, daemon=False)[0]
     assert resumed["losses"] == straight["losses"][3:]  # same steps 4-6, bit for bit, after save + load
     assert resumed["replica_max_diff"] == 0.0
+    implementation = resolve(spec_named(optimizer).implementation)
+    if spec_named(optimizer).matrix is not None:  # our engine's class updated the matrices, and the loss fell
+        assert f"Megatron{implementation.__name__}" in straight["optimizers"], straight["optimizers"]
+    losses = straight["losses"]
+    assert sum(losses[3:]) < sum(losses[:3]), losses  # it trains: the second half of the run below the first
 
 
 RESHARD_TOLERANCE = 1e-4 * LR
