@@ -53,6 +53,8 @@ def report(paths: tuple[Path, ...], out: Path, recipe: str | None, as_json: bool
                 fill_tflops(run, chosen)
             except ValueError as e:
                 raise click.UsageError(f"cannot compute TFLOP/s of {run.name} with recipe {chosen.name}: {e}") from None
+            # runs logged before the metrics said their device: the recipe's (the throughput plot's unit)
+            run.header.setdefault("device", "cpu" if chosen.system.gpu == "cpu" else "cuda")
     try:  # inside --out only, never through a planted link (nemo_muon.config.files)
         md = write_report_for(runs, out)
     except (ValueError, OSError) as e:
@@ -63,7 +65,12 @@ def report(paths: tuple[Path, ...], out: Path, recipe: str | None, as_json: bool
                                "pairs": [p.as_dict() for p in pairs], "skipped": [str(p) for p in skipped]},
                               indent=2))
     else:
+        from nemo_muon.reporting.machine_load import load_caveat
+
         click.echo(text_table(summaries, pairs), nl=False)
+        caveat = load_caveat(runs)
+        if caveat:
+            click.echo(caveat.replace("**", ""))
         click.echo(f"report: {md}")
 
 

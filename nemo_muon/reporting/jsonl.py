@@ -13,7 +13,7 @@ MAX_METRICS_BYTES = 1 << 30
 """Largest metrics.jsonl read (1 GiB: millions of steps at a few hundred bytes a line)."""
 
 _TRAIN_FIELDS = ("loss", "lr", "grad_norm", "tokens", "step_time_s", "optimizer_time_s", "tokens_per_s",
-                 "model_tflops", "ns_tflops", "elapsed_s")
+                 "model_tflops", "ns_tflops", "elapsed_s", "load_1m")
 
 
 def _number(value: Any) -> float | None:

@@ -30,6 +30,9 @@ class TrainPoint:
     'number of skipped iterations' of the log interval."""
     skipped_total: int | None = None
     """Skipped steps of the run up to this step (our JSONL's ``skipped_steps``; continues over a resume)."""
+    load_1m: float | None = None
+    """The machine's 1-minute load average at this step (our JSONL's ``load_1m``): every process on it, the run's
+    own ranks included (`nemo_muon.reporting.machine_load`)."""
 
 
 @dataclass(kw_only=True)

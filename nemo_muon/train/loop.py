@@ -35,7 +35,7 @@ from nemo_muon.models.hf import build_model, count_parameters
 from nemo_muon.train.data import TokenData, build_token_data, default_cache_dir
 from nemo_muon.train.divergence import DivergenceWatch
 from nemo_muon.train.flops import StepFlops, step_flops
-from nemo_muon.train.metrics import METRICS_FILE, MetricsWriter, Stopwatch, progress_line
+from nemo_muon.train.metrics import METRICS_FILE, MetricsWriter, Stopwatch, load_average, machine_info, progress_line
 from nemo_muon.train.optimizers import StepResult, TrainingOptimizer, build_training_optimizer
 from nemo_muon.train.recipe_rules import check_torch_backend
 from nemo_muon.train.refusals import RunRefused, TrainingDiverged
@@ -231,7 +231,8 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
                   model_flops_per_step=flops.model_flops, ns_flops_per_step=flops.ns_flops,
                   tensorboard=metrics.tensorboard, resumed_from=resumed_from, start_step=start_step,
                   max_consecutive_skips=t.max_consecutive_skips,
-                  optimizer_changes=resume.optimizer_changes if resume else None)
+                  optimizer_changes=resume.optimizer_changes if resume else None,
+                  device=device.type, **machine_info())
 
     watch = DivergenceWatch(limit=t.max_consecutive_skips)
     clock = Stopwatch()
@@ -271,7 +272,8 @@ def train(recipe: TrainingRecipe, *, group: Any = None, stop_after_steps: int | 
                           grad_norm=result.grad_norm, skipped=result.skipped, skipped_steps=opt.whole_tensor.skipped_steps,
                           tokens=done * tokens, step_time_s=step_time, optimizer_time_s=result.optimizer_time_s,
                           tokens_per_s=tps, model_tflops=flops.model_flops / world / step_time / 1e12,
-                          ns_tflops=flops.ns_flops / world / step_time / 1e12, elapsed_s=elapsed_before + clock.elapsed())
+                          ns_tflops=flops.ns_flops / world / step_time / 1e12, elapsed_s=elapsed_before + clock.elapsed(),
+                          load_1m=load_average())
         _watch_step(watch, metrics, done, loss_value, result)
         val_loss = None
         if (t.eval_interval and done % t.eval_interval == 0) or done == t.max_steps:

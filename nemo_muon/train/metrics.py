@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -97,6 +98,29 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (runnable and waiting tasks, every process on it), None where the OS
+    has none: recorded with each step so a report can say when throughput was measured with other load."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """What the load average is compared with: the CPUs this process may run on, the ranks on this machine
+    (torchrun's ``LOCAL_WORLD_SIZE``) and the intra-op threads of each."""
+    import torch
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return {"cpus": cpus, "local_ranks": int(local) if local.isdigit() else None,
+            "threads_per_rank": torch.get_num_threads()}
 
 
 class Stopwatch:
