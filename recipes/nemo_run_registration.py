@@ -140,10 +140,11 @@ class RecipeRunContext(RunContext):
             nemo = "" if FOREIGN_LLM else (" (NeMo 2's own recipes, llama3_8b ..., need the NeMo toolkit, NGC 26.02's "
                                            "container; not installed here)")
             raise RunContextError(f"--factory must be one of {tuple(names)}{nemo}; got {shown_redacted(self.factory)}")
+        if self.factory in names:
+            check_before_launch(self.factory, self.recipe_overrides, passthrough, launching=not self.dryrun)
         if self.dryrun:  # a dry run launches nothing: there is nothing to confirm (and maybe no terminal to ask)
             self.skip_confirmation = True
         elif self.factory in names:
-            check_before_launch(self.factory, self.recipe_overrides, passthrough)
             if not self.skip_confirmation and not _has_terminal():
                 raise RunContextError("--yes must be given to launch without a terminal (nothing can answer "
                                       "'Continue?'); got no --yes: add --yes to launch, or --dryrun to print the recipe")
@@ -166,12 +167,15 @@ def _runs_here(passthrough: list[str]) -> bool:
     return not executors or "local" in executors[-1].lower()
 
 
-def check_before_launch(recipe_name: str, overrides: list[str], passthrough: list[str]) -> None:
-    """What would otherwise fail only after NeMo-Run printed its plan and started the job, refused here in one line:
-    a bad override, a run folder that already holds a run, a backend this machine cannot train (Megatron-Bridge
-    absent) when the task runs here."""
+def check_before_launch(recipe_name: str, overrides: list[str], passthrough: list[str], *,
+                        launching: bool = True) -> None:
+    """What would otherwise fail only after NeMo-Run printed its plan (and started the job), refused here in one
+    line: a bad override; when ``launching``, also a run folder that already holds a run and a backend this machine
+    cannot train (Megatron-Bridge absent) when the task runs here."""
     try:
         recipe = build_recipe(recipe_name, overrides)
+        if not launching:
+            return
         check_new_run_folder(recipe)
         if _runs_here(passthrough):
             check_backend_installed(recipe)

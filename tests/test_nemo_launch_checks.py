@@ -52,6 +52,12 @@ def test_a_dry_run_needs_no_terminal_and_no_yes(nemo) -> None:
     assert "# kimi_k2_muon: 256 x gb300" in result.output and "Unexpected error" not in result.output
 
 
+def test_a_bad_override_is_one_line_before_nemo_run_prints_its_plan(nemo) -> None:
+    result = nemo("llm", "pretrain", "--factory", "tiny_kimi_k2_muon", "trainer.max_steps=abc", "--dryrun")
+    assert result.exit_code == 1
+    assert _said(result.output) == ["Error: trainer.max_steps must be an integer (ASCII digits, at most 30); got 'abc'"]
+
+
 def test_a_launch_without_a_terminal_needs_yes_said_in_one_line(nemo, tmp_path) -> None:
     result = nemo("llm", "pretrain", "--factory", "tiny_kimi_k2_muon", f"logging.root={tmp_path / 'runs'}")
     assert result.exit_code == 1
