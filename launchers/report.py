@@ -31,14 +31,15 @@ def report(paths: tuple[Path, ...], out: Path, recipe: str | None, as_json: bool
                 runs.append(load_run(path))
             except NotARun:  # `report runs/*`: a folder beside the runs (runs/_cache) is no run
                 skipped.append(path)
-                click.echo(f"skipped {shown(str(path))}: not a run (no metrics.jsonl, no Megatron/Bridge log with "
-                           "iteration lines)", err=True)
     except (ValueError, OSError) as e:
         raise click.UsageError(str(e)) from None
     if not runs:
         raise click.UsageError(f"PATHS must name at least one run folder (with metrics.jsonl) or Megatron/Bridge log; "
                                f"got none among {shown([str(p) for p in paths])}: each has no metrics.jsonl and no log "
                                "with iteration lines")
+    for path in skipped:
+        click.echo(f"skipped {shown(str(path))}: not a run (no metrics.jsonl, no Megatron/Bridge log with iteration "
+                   "lines)", err=True)
     recipe_obj = None
     if recipe is not None:
         from nemo_muon.recipes import get_recipe, list_recipes

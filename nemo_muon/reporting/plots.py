@@ -8,6 +8,7 @@ device kind, in its unit (TFLOP/s per GPU; GFLOP/s per process on CPU runs), hor
 from __future__ import annotations
 
 import io
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,7 +71,7 @@ def _at(run: RunLog, step: int, attr: str, metric: str) -> tuple[float, float] |
         [(p, p.loss) for p in run.train if p.step == step and p.loss is not None]
     for point, loss in points:
         x = float(step) if attr == "step" else point.elapsed_s
-        if x is not None:
+        if x is not None and math.isfinite(x) and math.isfinite(loss):
             return x, loss
     return None
 
@@ -127,6 +128,11 @@ def plot_loss(runs: Sequence[RunLog], path: Path, *, x: str, pairs: Sequence[Pai
         plt.close(fig)
 
 
+def has_throughput(summary: RunSummary) -> bool:
+    """The run has a finite model TFLOP/s to plot (a log's NaN step time gives none)."""
+    return summary.model_tflops is not None and math.isfinite(summary.model_tflops)
+
+
 def _number(value: float) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
 
@@ -138,7 +144,7 @@ def plot_throughput(summaries: Sequence[RunSummary], path: Path, *, labels: Sequ
     labels = list(labels) if labels is not None else [s.name for s in summaries]
     devices = list(devices) if devices is not None else ["gpu"] * len(summaries)
     rows = [(s, label, device) for s, label, device in zip(summaries, labels, devices, strict=True)
-            if s.model_tflops is not None]
+            if has_throughput(s)]
     if not rows:
         raise ValueError("no run has model TFLOP/s to plot")
     kinds = [k for k in DEVICE_UNITS if any(d == k for _, _, d in rows)]
@@ -150,8 +156,8 @@ def plot_throughput(summaries: Sequence[RunSummary], path: Path, *, labels: Sequ
         unit, factor = DEVICE_UNITS[kind]
         panel = [(s, label) for s, label, d in rows if d == kind][::-1]  # first run on top
         model = [s.model_tflops * factor for s, _ in panel]  # type: ignore[operator]
-        ns = [max(0.0, (s.model_ns_tflops - s.model_tflops) * factor) if s.model_ns_tflops is not None else 0.0
-              for s, _ in panel]
+        ns = [max(0.0, (s.model_ns_tflops - s.model_tflops) * factor)
+              if s.model_ns_tflops is not None and math.isfinite(s.model_ns_tflops) else 0.0 for s, _ in panel]
         y = range(len(panel))
         ax.barh(y, model, height=0.6, label="model", color="tab:blue")
         if any(ns):

@@ -9,7 +9,7 @@ from nemo_muon._validation import shown
 from nemo_muon.config.files import make_folder, write_file
 from nemo_muon.reporting.loader import load_run
 from nemo_muon.reporting.machine_load import load_caveat
-from nemo_muon.reporting.plots import device_kind, plot_loss, plot_throughput, short_labels
+from nemo_muon.reporting.plots import device_kind, has_throughput, plot_loss, plot_throughput, short_labels
 from nemo_muon.reporting.records import RunLog
 from nemo_muon.reporting.summary import PairComparison, RunSummary, compare_pair, find_pairs, summarize
 from nemo_muon.reporting.tables import markdown_table, text_table
@@ -47,7 +47,7 @@ def write_report_for(runs: Sequence[RunLog], out_dir: Path) -> Path:
     images = [plot_loss(runs, out_dir / "loss_vs_step.png", x="step", pairs=pairs)]
     if any(p.elapsed_s is not None for r in runs for p in r.train):
         images.append(plot_loss(runs, out_dir / "loss_vs_time.png", x="time", pairs=pairs))
-    if any(s.model_tflops is not None for s in summaries):
+    if any(has_throughput(s) for s in summaries):
         images.append(plot_throughput(summaries, out_dir / "throughput.png", labels=short_labels(runs),
                                       devices=devices))
     lines = ["# nemo-muon run report", "", markdown_table(summaries, pairs).rstrip("\n"), ""]
