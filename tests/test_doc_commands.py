@@ -36,6 +36,9 @@ SHELL_BLOCKS = ("bash", "sh", "shell", "console", "zsh")
 NEEDS = ("gpu", "nemo", "minutes")
 PROGRAMS = ("nemo-muon", "nemo", "make", "python", "python3", "export", "pip", "torchrun", "docker", "sbatch", "srun")
 """First words of a command: an unlabelled block starting with one is a command block this test would not see."""
+CHECKERS = {("nemo-muon", "doctor"): (0, 1)}
+"""Commands whose documented exit code reports what they checked (docs/operators.md#doctor: 1 when an item fails on
+this machine): they pass with either, when they printed their checks and no traceback."""
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```", re.M | re.S)
 _NEEDS = re.compile(r"needs:\s*([a-z]+(?:\s*,\s*[a-z]+)*)", re.ASCII)
 
@@ -216,6 +219,9 @@ def _check(command: Command, outcome: Outcome) -> None:
         assert outcome.code != 0 and len(said) == 1 and said[0].startswith("Error: "), (
             f"{command} must refuse here in one line ({', '.join(sorted(command.needs))}); got exit {outcome.code}:"
             f"\n{outcome.output[-3000:]}")
+    elif tuple(command.argv[:2]) in CHECKERS:
+        assert outcome.code in CHECKERS[tuple(command.argv[:2])] and re.search(r"\[ *(ok|warn|fail)\]", outcome.output), (
+            f"{command} printed no checks (exit {outcome.code}):\n{outcome.output[-3000:]}")
     else:
         assert outcome.code == 0, f"{command} failed as printed (exit {outcome.code}):\n{outcome.output[-3000:]}"
 
