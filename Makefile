@@ -33,7 +33,8 @@ MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provid
 	test_split_ownership_on_the_cost_layout_resumes_from_a_checkpoint_bit_for_bit \
 	test_a_split_target_on_a_layout_not_planned_with_it_is_refused_naming_the_field) \
 	tests/megatron_cpu/test_owner_collectives.py \
-	tests/megatron_cpu/test_optimizer_state_checkpoint.py $(NEWEST_TESTS)/test_bridge_checkpoint.py
+	tests/megatron_cpu/test_optimizer_state_checkpoint.py tests/megatron_cpu/test_megatron_parity.py \
+	tests/megatron_cpu/test_pinned_hook_points.py $(NEWEST_TESTS)/test_bridge_checkpoint.py
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
 # Tests of the newest stack (Bridge >= 0.4's extension point) live here and run only there.
