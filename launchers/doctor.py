@@ -1,8 +1,10 @@
 """``nemo-muon doctor``: what to check before a run, each item ok / warn / fail with a fix.
 
 Facts are collected from this machine (``collect_facts``: Python, installed distributions, torch/CUDA/NCCL, GPUs,
-Triton, environment) and judged against the pinned versions of the container release in effect
-(``nemo_muon.versions.current_release()``: ``$NEMO_MUON_RELEASE`` or the default) by ``judge``.
+Triton, environment) and judged by ``judge`` against the pinned versions of the container release in effect
+(``release_in_effect``: ``$NEMO_MUON_RELEASE`` where set, else the release whose Megatron-Bridge / Megatron-Core the
+machine has, ``nemo_muon.versions.installed_release``, else the default), asking only for what that release ships
+(no NeMo toolkit from 26.04 on).
 """
 
 from __future__ import annotations
@@ -105,11 +107,39 @@ def _release_numbers(v: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def judge(facts: Facts, release: Any, *, recipe_env: Mapping[str, str] | None = None) -> list[Check]:
-    """Judge the facts against ``release`` (a nemo_muon.versions.ContainerRelease)."""
+def release_in_effect(facts: Facts, environ: Mapping[str, str] | None = None) -> tuple[Any, str]:
+    """(the `ContainerRelease` to judge against, how it was chosen): ``$NEMO_MUON_RELEASE`` where set (the image sets
+    it; a ValueError names the known tags), else the release of the installed Megatron-Bridge / Megatron-Core, else
+    the default."""
+    from nemo_muon.versions import DEFAULT_RELEASE, RELEASE_ENV_VAR, get_release, installed_release
+
+    environ = os.environ if environ is None else environ
+    tag = environ.get(RELEASE_ENV_VAR, "").strip()
+    if tag:
+        return get_release(tag), f"${RELEASE_ENV_VAR}"
+    detected = installed_release(facts.distributions)
+    if detected is not None:
+        return detected, f"detected: megatron-bridge {facts.distributions['megatron-bridge']}"
+    return get_release(DEFAULT_RELEASE), "the default: no release's Megatron-Bridge installed here"
+
+
+def _release_check(facts: Facts, release: Any, source: str) -> Check:
+    from nemo_muon.versions import RELEASE_ENV_VAR, installed_release
+
+    stack = installed_release(facts.distributions)
+    if stack is not None and stack.tag != release.tag:
+        return Check(name="release", status="warn", detail=f"{release.tag} ({source}), but the installed "
+                     f"megatron-bridge {facts.distributions['megatron-bridge']} is release {stack.tag}'s",
+                     fix=f"unset {RELEASE_ENV_VAR} or set it to {stack.tag}, or use nvcr.io/nvidia/nemo:{release.tag}")
+    return Check(name="release", status="ok", detail=f"{release.tag} ({source})")
+
+
+def judge(facts: Facts, release: Any, *, recipe_env: Mapping[str, str] | None = None,
+          source: str = "given") -> list[Check]:
+    """Judge the facts against ``release`` (a nemo_muon.versions.ContainerRelease; ``source``: how it was chosen)."""
     from nemo_muon.versions import version_matches
 
-    checks: list[Check] = []
+    checks: list[Check] = [_release_check(facts, release, source)]
     py_ok = _release_numbers(facts.python)[:2] >= (3, 12)
     checks.append(Check(name="python", status="ok" if py_ok else "fail", detail=facts.python,
                         fix="" if py_ok else "use Python >= 3.12 (the NGC container's 3.12)"))
@@ -118,7 +148,9 @@ def judge(facts: Facts, release: Any, *, recipe_env: Mapping[str, str] | None = 
     for dist in DISTRIBUTIONS:
         have = facts.distributions.get(dist)
         want = expected.get(dist)
-        if have is None:
+        if have is None and dist == "nemo-toolkit" and release.nemo is None:
+            checks.append(Check(name=dist, status="ok", detail=f"not installed (release {tag} ships no NeMo toolkit)"))
+        elif have is None:
             required = dist in ("torch", "emerging-optimizers")
             checks.append(Check(name=dist, status="fail" if required else "warn", detail="not installed",
                                 fix=f"run inside nvcr.io/nvidia/nemo:{tag} (or the nemo-muon image)" if not required
@@ -127,6 +159,9 @@ def judge(facts: Facts, release: Any, *, recipe_env: Mapping[str, str] | None = 
             checks.append(Check(name=dist, status="ok", detail=f"{have} (no pin in release {tag})"))
         elif version_matches(want, have):
             checks.append(Check(name=dist, status="ok", detail=f"{have} (release {tag} pins {want})"))
+        elif _release_numbers(have)[:2] == _release_numbers(want)[:2]:  # the release's line, another patch
+            checks.append(Check(name=dist, status="warn", detail=f"{have}, release {tag} pins {want} (same line)",
+                                fix=f"pip install {dist}=={want} to match release {tag} exactly"))
         else:
             checks.append(Check(name=dist, status="warn", detail=f"{have}, release {tag} pins {want}",
                                 fix=f"use nvcr.io/nvidia/nemo:{tag}, or set NEMO_MUON_RELEASE to the release you run"))
@@ -205,10 +240,9 @@ def _env_check(facts: Facts, recipe_env: Mapping[str, str] | None) -> Check:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def doctor(recipe: str | None, as_json: bool) -> None:
     """Check Python, torch/CUDA/NCCL, TE, Megatron/Bridge/NeMo/NeMo-Run/emerging-optimizers, Triton/SYRK, GPUs, env."""
-    from nemo_muon.versions import current_release
-
+    facts = collect_facts()
     try:
-        release = current_release()
+        release, source = release_in_effect(facts)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     recipe_env = None
@@ -218,14 +252,13 @@ def doctor(recipe: str | None, as_json: bool) -> None:
         if recipe not in list_recipes():
             raise click.UsageError(f"--recipe must be one of {tuple(list_recipes())}; got {shown(recipe)}")
         recipe_env = get_recipe(recipe).env
-    facts = collect_facts()
-    checks = judge(facts, release, recipe_env=recipe_env)
+    checks = judge(facts, release, recipe_env=recipe_env, source=source)
     worst = max((STATUSES.index(c.status) for c in checks), default=0)
     if as_json:
-        click.echo(json.dumps({"release": release.tag, "status": STATUSES[worst], "checks": [asdict(c) for c in checks],
+        click.echo(json.dumps({"release": release.tag, "release_source": source, "status": STATUSES[worst], "checks": [asdict(c) for c in checks],
                                "facts": asdict(facts)}, indent=2))
     else:
-        click.echo(f"nemo-muon doctor (container release {release.tag}; Python {sys.version.split()[0]})")
+        click.echo(f"nemo-muon doctor (container release {release.tag}, {source}; Python {sys.version.split()[0]})")
         width = max(len(c.name) for c in checks)
         for c in checks:
             click.echo(f"  [{c.status:>4}] {c.name:<{width}}  {c.detail}" + (f"\n{'':>{width + 11}}fix: {c.fix}"

@@ -31,7 +31,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nemo_muon._validation import check_choice, fail
@@ -321,6 +321,24 @@ def current_release() -> ContainerRelease:
     """The release this container was built for (``$NEMO_MUON_RELEASE``), else :data:`DEFAULT_RELEASE`."""
     tag = os.environ.get(RELEASE_ENV_VAR, "").strip() or DEFAULT_RELEASE
     return get_release(tag)
+
+
+def installed_release(distributions: Mapping[str, str | None]) -> ContainerRelease | None:
+    """The release whose stack ``distributions`` (name -> installed version, None = absent) is: the one whose
+    Megatron-Bridge and Megatron-Core minors are the installed ones (Bridge's whole version decides between a release
+    and its patch release, e.g. 0.3.1 -> 26.02.01), the newest of them otherwise; None without Megatron-Bridge, or
+    when no release ships the installed pair."""
+    bridge, core = distributions.get("megatron-bridge"), distributions.get("megatron-core")
+    if not bridge:
+        return None
+
+    def minor(version: str | None) -> tuple[int, ...] | None:
+        return None if version is None else release_numbers(version)[:2]
+
+    same = [r for r in CONTAINER_RELEASES.values() if minor(r.megatron_bridge) == minor(bridge)
+            and (core is None or minor(r.megatron_core) == minor(core))]
+    exact = [r for r in same if version_matches(r.megatron_bridge, bridge)]
+    return (exact or same or [None])[-1]
 
 
 def releases_markdown_table() -> str:

@@ -7,9 +7,9 @@ import json
 
 from click.testing import CliRunner
 from nemo_muon.launchers.cli import main
-from nemo_muon.launchers.doctor import Facts, judge
+from nemo_muon.launchers.doctor import Facts, judge, release_in_effect
 
-from nemo_muon.versions import get_release
+from nemo_muon.versions import CONTAINER_RELEASES, DEFAULT_RELEASE, get_release
 
 
 def _doctor(*args: str, env: dict[str, str] | None = None):
@@ -93,3 +93,59 @@ def test_old_python_missing_torch_and_unsupported_syrk_gpu_are_flagged() -> None
     facts = _facts(gpus=[{"name": "T4", "capability": [7, 5], "memory_gb": 15.0}])
     syrk = next(c for c in judge(facts, get_release("26.02")) if c.name == "triton/syrk")
     assert syrk.status == "warn" and "(7, 5)" in syrk.detail
+
+
+def _stack_facts(tag: str) -> Facts:
+    """A machine with release ``tag``'s documented stack installed (no NeMo toolkit where the release has none)."""
+    rel = get_release(tag)
+    dists = {d: None for d in ("torch", "transformer-engine", "megatron-core", "megatron-bridge", "nemo-toolkit",
+                               "nemo-run", "emerging-optimizers", "triton")}
+    dists.update(rel.image_distributions(), triton="3.6.0")
+    return Facts(python="3.12.3", distributions=dists)
+
+
+def test_every_releases_stack_is_named_as_that_release_without_the_variable() -> None:
+    """The 26.08 stack was judged as 'container release 26.02' and told to switch containers."""
+    for tag in CONTAINER_RELEASES:
+        release, source = release_in_effect(_stack_facts(tag), environ={})
+        assert release.tag == tag and source.startswith("detected: megatron-bridge "), (tag, source)
+        checks = judge(_stack_facts(tag), release, source=source)
+        assert all("nvcr.io/nvidia/nemo:" not in c.fix for c in checks), (tag, [c for c in checks if c.fix])
+    facts = _stack_facts("26.08")
+    facts.distributions.update({"megatron-bridge": "0.6.2", "megatron-core": "0.19.2"})  # PyPI's newest patches
+    assert release_in_effect(facts, environ={})[0].tag == "26.08"
+    facts.distributions["megatron-bridge"] = None  # a login node without Bridge: the default, said so
+    release, source = release_in_effect(facts, environ={})
+    assert release.tag == DEFAULT_RELEASE and source.startswith("the default")
+
+
+def test_a_release_without_the_nemo_toolkit_does_not_ask_for_it() -> None:
+    """With NEMO_MUON_RELEASE=26.08, doctor asked for the NeMo toolkit that 26.08 does not ship."""
+    for tag in ("26.04", "26.06", "26.08"):
+        release, source = release_in_effect(_stack_facts(tag), environ={"NEMO_MUON_RELEASE": tag})
+        assert source == "$NEMO_MUON_RELEASE"
+        nemo = next(c for c in judge(_stack_facts(tag), release, source=source) if c.name == "nemo-toolkit")
+        assert (nemo.status, nemo.fix) == ("ok", "") and "ships no NeMo toolkit" in nemo.detail
+    missing = next(c for c in judge(_stack_facts("26.04"), get_release("26.02")) if c.name == "nemo-toolkit")
+    assert missing.status == "warn" and "nemo:26.02" in missing.fix  # 26.02 ships NeMo 2.7
+
+
+def test_a_variable_naming_another_release_than_the_installed_stack_is_a_warning_naming_both() -> None:
+    release, source = release_in_effect(_stack_facts("26.04"), environ={"NEMO_MUON_RELEASE": "26.08"})
+    check = judge(_stack_facts("26.04"), release, source=source)[0]
+    assert check.name == "release" and check.status == "warn"
+    assert "26.08 ($NEMO_MUON_RELEASE)" in check.detail and "release 26.04's" in check.detail
+    assert "set it to 26.04" in check.fix
+
+
+def test_a_patch_of_the_releases_line_is_matched_by_pinning_not_by_another_container() -> None:
+    facts = _stack_facts("26.08")
+    facts.distributions["megatron-core"] = "0.19.2"
+    core = next(c for c in judge(facts, get_release("26.08")) if c.name == "megatron-core")
+    assert core.status == "warn" and core.fix == "pip install megatron-core==0.19.0 to match release 26.08 exactly"
+
+
+def test_doctor_names_how_it_chose_the_release() -> None:
+    result = _doctor("--json", env={"NEMO_MUON_RELEASE": ""})
+    data = json.loads(result.stdout)
+    assert data["release_source"].startswith(("detected", "the default")) and data["checks"][0]["name"] == "release"

@@ -49,3 +49,20 @@ def test_torch_is_shared_with_the_dev_environment_on_disk():
     lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     dev = Path(__file__).resolve().parents[2] / ".venv" / lib.relative_to(sys.prefix)
     assert os.path.samefile(lib, dev), f"{lib} and {dev} are two files: make venv and newest-venv share a uv cache"
+
+
+def test_doctor_names_this_stacks_release_and_asks_only_for_what_it_ships():
+    """On 26.08's stack doctor said 'container release 26.02' and told the user to switch containers; with
+    NEMO_MUON_RELEASE=26.08 it asked for the NeMo toolkit 26.08 does not ship."""
+    import json
+
+    from click.testing import CliRunner
+    from nemo_muon.launchers.cli import main
+
+    tag = stack_release().tag
+    for variable in ("", tag):
+        data = json.loads(CliRunner(env={"NEMO_MUON_RELEASE": variable}).invoke(main, ["doctor", "--json"]).stdout)
+        checks = {c["name"]: c for c in data["checks"]}
+        assert data["release"] == tag and checks["release"]["status"] == "ok", (variable, checks["release"])
+        assert checks["nemo-toolkit"]["status"] == "ok" and checks["nemo-toolkit"]["fix"] == ""
+        assert all(f"nemo:{tag}" in c["fix"] for c in data["checks"] if "nvcr.io/nvidia/nemo:" in c["fix"]), checks
