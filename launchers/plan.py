@@ -93,11 +93,12 @@ def _step_time_lines(st: dict[str, Any] | None, gpu: str) -> list[str]:
     paths = st["paths"]
     adamw = paths["adamw"]
     lines = [f"step time   predicted on {gpu} ({st['model_tflops_per_gpu']:.0f} model TFLOP/s/GPU, "
-             f"{st['model_tflops_source']}; {st['implementation']}'s Muon): AdamW {adamw['step_s']:.3f} s"]
+             f"{st['model_tflops_source']}; operator floor {st['kernel_floor_us']:g} us, "
+             f"{st['kernel_floor_source'].split(':')[0]}; {st['implementation']}'s Muon): AdamW {adamw['step_s']:.3f} s"]
     for name, label in (("muon_all_reduce", "all-reduce layout"), ("muon_reduce_scatter", "reduce-scatter layout")):
         p = paths[name]
-        lines.append(f"            Muon, {label}: {p['step_s']:.3f} s, {st['throughput_ratio'][name]:.3f} of AdamW's "
-                     f"throughput (NS busiest rank {p['ns_busiest_rank_s'] * 1e3:.0f} ms, optimizer "
+        lines.append(f"            Muon, {label}: {p['step_s']:.3f} s (+{st['extra_step_s'][name] * 1e3:.0f} ms), "
+                     f"{st['throughput_ratio'][name]:.3f} of AdamW's throughput (NS busiest rank {p['ns_busiest_rank_s'] * 1e3:.0f} ms, optimizer "
                      f"{p['optimizer_s'] * 1e3:.0f} ms, exposed: grads {p['grad_reduction_exposed_s'] * 1e3:.0f} ms, "
                      f"gather {p['param_gather_exposed_s'] * 1e3:.0f} ms)")
     return lines
@@ -129,11 +130,14 @@ def _load_gpu_peaks_file(path: Path) -> None:
 @click.option("--model-tflops", type=FINITE_POSITIVE, default=None, metavar="TFLOP/s",
               help="Achieved model TFLOP/s/GPU of the AdamW baseline: the step-time model's compute (default: an "
               "assumed 40% of the GPU's dense bf16 peak).")
+@click.option("--kernel-floor-us", type=FINITE_POSITIVE, default=None, metavar="MICROSECONDS",
+              help="Host time of one eager operator, the step-time model's floor (default: an assumed 10 us; "
+              "bench/gpu/step_time_ns.py measures it).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 @merged_overrides
 def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | None, syrk: bool,
-         pipeline_layout: str | None, step_time: float | None, model_tflops: float | None, overrides: tuple[str, ...],
-         as_json: bool) -> None:
+         pipeline_layout: str | None, step_time: float | None, model_tflops: float | None,
+         kernel_floor_us: float | None, overrides: tuple[str, ...], as_json: bool) -> None:
     """Validate a recipe's layout and print what Muon will cost on each rank, before launching it; overrides are
     key=value (trainer.global_batch_size=8192), checked as launch and --dryrun check them."""
     from nemo_muon.recipes.execute import build_recipe
@@ -148,7 +152,7 @@ def plan(recipe_name: str, gpus: int | None, gpu: str | None, gpu_peaks: str | N
             raise ValueError(f"--gpu must be one of {tuple(known_gpus())} (or add it with --gpu-peaks); got {shown(gpu)}")
         recipe = build_recipe(recipe_name, list(overrides))  # the one validation launch and --dryrun run
         result = plan_recipe(recipe, gpus, gpu=gpu.lower() if gpu else None, syrk=syrk, step_time_s=step_time,
-                             stage_layers=pipeline_layout, model_tflops=model_tflops)
+                             stage_layers=pipeline_layout, model_tflops=model_tflops, kernel_floor_us=kernel_floor_us)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     click.echo(json.dumps(result, sort_keys=False) if as_json else _human(result))

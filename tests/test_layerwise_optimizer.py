@@ -18,7 +18,7 @@ from nemo_muon.layerwise.optimizer import WholeTensorOptimizer
 from nemo_muon.registry.normuon import NorMuonConfig
 from tests.distributed import run_distributed
 
-VOCAB, DIM, HIDDEN, LAYERS, BATCH, SEQ = 32, 16, 24, 2, 8, 6
+VOCAB, DIM, HIDDEN, LAYERS, BATCH, SEQ = 32, 16, 24, 4, 8, 6
 
 
 class TinyLM(nn.Module):
@@ -125,10 +125,14 @@ BUCKET_MB = 0.002  # a few KiB: several buckets per dtype, so bucketing is exerc
 
 
 def reference_optimizer(cfg: Any, model: nn.Module) -> torch.optim.Optimizer:
-    """The single-process optimizer the layer-wise one must reproduce."""
+    """The single-process optimizer the layer-wise one must reproduce; Muon's family one matrix at a time
+    (``batch_ns=False``) while the layer-wise one runs the default, each rank's matrices stacked."""
     from nemo_muon.optim import build_optimizer
 
-    return build_optimizer(cfg, list(model.named_parameters()))
+    opt = build_optimizer(cfg, list(model.named_parameters()))
+    if hasattr(opt, "batch_ns"):
+        opt.batch_ns = False
+    return opt
 
 
 def reference_run(cfg: Any, micro: int, clip: float | None = None) -> tuple[dict[str, torch.Tensor], list[float]]:
@@ -179,10 +183,15 @@ def reorder_spread(cfg: Any, world: int) -> float:
     return max(max_rel_diff(a, b) for a in refs for b in refs)
 
 
+STACKED = ("muon", "normuon")
+"""Configs whose layer-wise run stacks each rank's same-shape matrices (Muon's batched default) while the reference
+runs one at a time: a batched GEMM may sum in another order (bitwise equal on this CPU's MKL, not promised)."""
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_matches_single_process_optimizer(world: int) -> None:
     """DP=2: bitwise equal to the single-process optimizer on the same global batch (the grads are summed in the
-    same order). DP=4: gloo's reduce-scatter sums in another order, so the result is compared against the
+    same order), within 1e-6 for the configs that stack (`STACKED`). DP=4: gloo's reduce-scatter sums in another order, so the result is compared against the
     single-process optimizer's own spread under reordering (Muon ~4e-6, SOAP ~6e-2 on this tiny model: its
     eigenbasis rotates inside near-degenerate eigenspaces), floor 1e-6. With clipping, at any DP size, the global
     norm is a sum of per-rank partial sums (torch's clip_grad_norm_: a norm of per-tensor norms), so the clip
@@ -198,7 +207,7 @@ def test_matches_single_process_optimizer(world: int) -> None:
         for res in results:
             for key in ("overlap=False", "overlap=True", "reduce_scatter", "grad_hooks"):
                 got = res[f"{cfg.name}/{key}"]
-                if world == 2:
+                if world == 2 and cfg.name not in STACKED:
                     assert all(torch.equal(got[n], want[n]) for n in want), cfg.name
                 assert max_rel_diff(got, want) <= tol, cfg.name
             got_clip, norms = res[f"{cfg.name}/clip"]
@@ -216,6 +225,8 @@ def test_matches_single_process_optimizer(world: int) -> None:
         owned = [set(r[f"{cfg.name}/owned"]) for r in results]
         assert set().union(*owned) == set(want) and sum(map(len, owned)) == len(want)  # each param: one owner
         assert all(owned)  # every rank owns something
+        if cfg.name == "muon":  # a rank stacks same-shape matrices (the batched default) vs the per-matrix reference
+            assert any(max(sum(f".{k}." in n for n in o) for k in ("up", "down")) >= 2 for o in owned), owned
 
 
 class ExpertLM(nn.Module):

@@ -60,6 +60,28 @@ def _ns_cases(rank: int, world: int, group) -> dict:
                        partition_dims=0, stats=stats)
     out[("gather", "duplicated")] = {"calls": stats["all_gather_calls"]}
     out.update(_every_set_cases(fulls, locals_, rank, world, group))
+    out.update(_stacked_cases(rank, world, group))
+    return out
+
+
+def _stacked_cases(rank: int, world: int, group) -> dict:
+    """Same-shape shards stacked (``stack=True``: three matrices and a 3-D stack of two) in every mode, against each
+    unsharded matrix's own NS: one program for all of them, the TP mode's result per matrix."""
+    from nemo_muon.optim.ns_iteration import newton_schulz, newton_schulz_many
+
+    torch.manual_seed(14)
+    fulls = [torch.randn(24, 96) for _ in range(3)] + [torch.randn(2, 24, 96)]
+    out: dict = {}
+    for pdim in (-2, -1):
+        locals_ = [_shard(f, pdim, rank, world) for f in fulls]
+        for mode in MODES:
+            stats: dict = {}
+            ys = newton_schulz_many(locals_, tp_group=group, tp_mode=mode, partition_dims=pdim, stack=True,
+                                    stats=stats)
+            wants = [newton_schulz(x) if mode == "blockwise" else _shard(newton_schulz(f), pdim, rank, world)
+                     for f, x in zip(fulls, locals_, strict=True)]
+            out[("stacked", pdim, mode)] = {"stacks": stats["stacks"], "diff": max(
+                (y - w).abs().max().item() for y, w in zip(ys, wants, strict=True))}
     return out
 
 
@@ -85,6 +107,7 @@ def _model_params() -> list[tuple[str, torch.Tensor, int | None]]:
         ("layers.0.mlp.linear_fc1.weight", torch.randn(32, 16), 0),  # fused [gate; up], column-parallel
         ("layers.0.mlp.linear_fc2.weight", torch.randn(16, 16), 1),  # row-parallel
         ("layers.0.norm.weight", torch.randn(16), None),
+        ("layers.1.mlp.linear_fc1.weight", torch.randn(32, 16), 0),  # stacked with layer 0's (Muon's default)
     ]
 
 
@@ -99,11 +122,11 @@ def _tp_shard(name: str, full: torch.Tensor, pdim: int | None, rank: int, world:
 
 def _grads(step: int) -> list[torch.Tensor]:
     torch.manual_seed(100 + step)
-    return [torch.randn(32, 16), torch.randn(16, 16), torch.randn(16)]
+    return [torch.randn(32, 16), torch.randn(16, 16), torch.randn(16), torch.randn(32, 16)]
 
 
-def _run_optimizer(kind: str, mode: str, rank: int, world: int, group) -> list[torch.Tensor]:
-    """Two steps of Muon / SOAP on this rank's shards (world 1 and group None: the full reference)."""
+def _run_optimizer(kind: str, mode: str, rank: int, world: int, group, batch_ns: bool = True) -> list[torch.Tensor]:
+    """Three steps of Muon / SOAP on this rank's shards (world 1 and group None: the full reference)."""
     from nemo_muon.optim.muon import Muon
     from nemo_muon.optim.soap import SOAP
 
@@ -116,7 +139,7 @@ def _run_optimizer(kind: str, mode: str, rank: int, world: int, group) -> list[t
         params.append((p, pdim))
         named.append((name, p))
     if kind == "muon":
-        opt = Muon(named, lr=0.02, weight_decay=0.1, tp_group=group, tp_mode=mode)
+        opt = Muon(named, lr=0.02, weight_decay=0.1, tp_group=group, tp_mode=mode, batch_ns=batch_ns)
     else:
         opt = SOAP(named, lr=0.02, weight_decay=0.1, tp_group=group, precondition_frequency=2)
     for step in range(3):
@@ -129,7 +152,7 @@ def _run_optimizer(kind: str, mode: str, rank: int, world: int, group) -> list[t
 def _optimizer_cases(rank: int, world: int, group) -> dict:
     out = {}
     for kind, mode in [("muon", "duplicated"), ("muon", "distributed"), ("muon", "auto"), ("soap", "-")]:
-        ref = _run_optimizer(kind, mode, 0, 1, None)
+        ref = _run_optimizer(kind, mode, 0, 1, None, batch_ns=False)  # Muon: batched shards vs per-matrix whole
         got = _run_optimizer(kind, mode, rank, world, group)
         diffs = []
         for (name, _, pdim), r, g in zip(_model_params(), ref, got, strict=True):
@@ -200,6 +223,18 @@ def test_tp_modes_match_unsharded(world: int) -> None:
             else:  # blockwise: the shard alone, which is not the full result
                 assert entry["own"] == 0.0, case
                 assert entry["diff"] > 1e-2, case
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_stacked_shards_run_as_one_program_in_every_mode(world: int) -> None:
+    from tests.tolerances import GRAM_TOL
+
+    for res in _results(world):
+        cases = {k[1:]: v for k, v in res.items() if k[0] == "stacked"}
+        assert len(cases) == 2 * len(MODES)
+        for case, entry in cases.items():
+            assert entry["stacks"] == 1, case
+            assert entry["diff"] <= GRAM_TOL, case  # a batched GEMM's reordering (tests/tolerances.py)
 
 
 @pytest.mark.parametrize("world", [2, 4])

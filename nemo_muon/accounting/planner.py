@@ -37,10 +37,11 @@ from nemo_muon.accounting.gpu_peaks import gpu_peak, known_gpus, peak_precision_
 from nemo_muon.accounting.hardware import hardware, known_hardware
 from nemo_muon.accounting.layout import Layout, validate_layout
 from nemo_muon.accounting.model_flops import model_flops_per_token
-from nemo_muon.accounting.model_ownership import CostModel, StagePlan, StageTensor, stage_plan
+from nemo_muon.accounting.model_ownership import StagePlan, StageTensor, stage_plan
 from nemo_muon.accounting.ns_count import matrix_ns_flops
 from nemo_muon.accounting.ns_split import DEFAULT_BALANCE_TARGET
 from nemo_muon.accounting.ownership_plan import max_over_mean
+from nemo_muon.accounting.rank_matrices import recipe_cost_model
 from nemo_muon.accounting.step_time import IMPLEMENTATIONS, MatrixWork, RankWork, StageComm, StepInputs, predict
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.models.matrices import is_moe_layer, layer_params, param_counts
@@ -183,29 +184,27 @@ def _optimizer_bytes(rank: _Rank, dense_numel: int, expert_numel: int, layout: L
 
 def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: str | None = None,
                 syrk: bool = False, step_time_s: float | None = None,
-                stage_layers: Sequence[int] | str | None = None, model_tflops: float | None = None) -> dict[str, Any]:
+                stage_layers: Sequence[int] | str | None = None, model_tflops: float | None = None,
+                kernel_floor_us: float | None = None) -> dict[str, Any]:
     """The plan of ``recipe`` on ``world_size`` GPUs (default: the recipe's) as a JSON-ready dict.
 
     ``step_time_s`` (a measured step time) adds TFLOP/s/GPU and MFU, model-only and model + NS. ``stage_layers``
     is an explicit pipeline layout (see ``validate_layout``). ``model_tflops`` (the AdamW baseline's achieved model
-    TFLOP/s/GPU) anchors the step-time model's compute (``step_time``; default: an assumed MFU). Raises ``LayoutError`` (ValueError) naming the
+    TFLOP/s/GPU) anchors the step-time model's compute (``step_time``; default: an assumed MFU);
+    ``kernel_floor_us`` is its operator floor (default: the assumed one of ``accounting.hardware``). Raises ``LayoutError`` (ValueError) naming the
     constraint when the layout is invalid.
     """
     layout = validate_layout(recipe, world_size, stage_layers)
     spec, opt, tr = recipe.model, recipe.optimizer, recipe.trainer
     gpu = recipe.system.gpu if gpu is None else gpu
     opt_spec = spec_for(opt)
-    runs_ns = opt_spec.matrix is not None and opt_spec.matrix.newton_schulz  # NS-based: its load is planned
-    steps = opt.ns_steps if runs_ns else 5
-    tp_mode = opt.tp_mode if runs_ns else "duplicated"
-    split = opt_spec.matrix.routing(opt) if runs_ns else {"split_gate_up": True, "split_qkv": True}
-    cost = CostModel(steps=steps, syrk=syrk, tp_mode=tp_mode, split_gather_update=recipe.backend == "megatron",
-                     tensors="megatron" if recipe.backend == "megatron" else "hf", **split)
+    cost, runs_ns, target = recipe_cost_model(recipe, syrk)  # runs_ns: NS-based, its load is planned
+    steps, tp_mode = cost.steps, cost.tp_mode
+    split = {"split_gate_up": cost.split_gate_up, "split_qkv": cost.split_qkv}
     ranks: list[_Rank] = []
     stage_imbalance: list[float] = []
     stage_max: list[float] = []
     stage_min: list[float] = []
-    target = opt.ns_split_target if runs_ns and opt_spec.matrix.splittable and recipe.layerwise else None
     split_target = target if target is not None else DEFAULT_BALANCE_TARGET
     split_loads: list[list[float]] = []
     split_plans: list[StagePlan] = []
@@ -296,9 +295,10 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
     if step_time_s is not None:
         out.update(_measured(out, step_time_s, gpu, recipe.precision.kind))
     out["step_time"] = None
-    if model_tflops is not None and gpu.lower() not in known_hardware():  # never ignored silently
-        raise ValueError(f"model_tflops prices the step-time model, which needs a GPU with public constants (one of "
-                         f"{tuple(known_hardware())}); got model_tflops={model_tflops} with gpu {gpu!r}")
+    for name, value in (("model_tflops", model_tflops), ("kernel_floor_us", kernel_floor_us)):
+        if value is not None and gpu.lower() not in known_hardware():  # never ignored silently
+            raise ValueError(f"{name} prices the step-time model, which needs a GPU with public constants (one of "
+                             f"{tuple(known_hardware())}); got {name}={value} with gpu {gpu!r}")
     if gpu.lower() in known_hardware():
         megatrons_own = recipe.backend == "megatron" and getattr(opt, "engine", None) == "megatron"
         inputs = StepInputs(
@@ -310,7 +310,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
             grad_bytes=4 if recipe.precision.kind == "fp32" else 2,
             implementation=IMPLEMENTATIONS["megatron" if megatrons_own else "nemo_muon"],
             **({"matrix_bytes_per_element": opt_spec.matrix.element_bytes} if opt_spec.matrix is not None else {}))
-        out["step_time"] = predict(inputs, hardware(gpu), model_tflops=model_tflops)
+        out["step_time"] = predict(inputs, hardware(gpu), model_tflops=model_tflops, kernel_floor_us=kernel_floor_us)
     return out
 
 

@@ -30,6 +30,8 @@ A collective's bandwidth is NVLink when its ranks share one NVLink domain, the s
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +41,7 @@ from nemo_muon.accounting.hardware import Hardware
 from nemo_muon.accounting.layout import Layout
 from nemo_muon.accounting.ns_choice import choose_algorithm
 from nemo_muon.config.optimizer import COEFFICIENT_SETS
+from nemo_muon.registry.cost import FP32_BYTES
 from nemo_muon.registry.muon import MUON_MATRIX
 
 DEFAULT_MODEL_MFU = 0.40
@@ -55,32 +58,97 @@ MUON_BYTES_PER_ELEMENT = MUON_MATRIX.element_bytes
 NS_PRECISIONS = ("bf16", "fp32")
 
 
+STACK_BYTES = 2 * 2**30
+"""`nemo_muon.optim.ns_stacks.STACK_BYTES` (the optimizer's default), restated here because this module is torch-free
+(``tests/test_step_time.py`` checks they agree)."""
+
+
 @dataclass(frozen=True)
 class Implementation:
-    """How a Muon implementation issues Newton–Schulz, counted with a torch dispatch mode on the real optimizer step
-    (tests/test_step_time.py re-counts them)."""
+    """How a Muon implementation issues its operators: the counts are those of its real optimizer step, counted by
+    a torch dispatch mode (`nemo_muon.optim.op_count`; ``tests/test_step_time.py`` re-counts them, bench/launches.py
+    counts whole ranks), on the path a GPU runs (bf16 NS: the standard iteration)."""
 
     name: str
     storage_bytes: int | None
     """Bytes per element NS reads and writes (Emerging-Optimizers' NS takes fp32 and multiplies at the "medium"
     precision, i.e. bf16 tensor cores); None: those of the NS precision (nemo-muon's)."""
+    ops_per_part: int
+    """Operators around each Newton–Schulz run of a part, besides the iteration (normalization, scale)."""
+    part_bytes: float
+    """Bytes per element of the part those operators read and write together (fp32: a read or a write is 4)."""
     ops_per_matrix: int
-    """Operators per matrix besides the NS iteration's (normalization, momentum, scale, update)."""
+    """Element-wise operators per matrix (per stack when ``batched``): momentum, look-ahead, weight decay, update."""
     picks_algorithm: bool
     """Chooses Gram NS where ``accounting.ns_choice.choose_algorithm`` does (nemo-muon); otherwise always the
     standard iteration: per step X·Xᵀ, b·A + c·A·A, a·X + B·X."""
+    casts: int = 0
+    """Operators per NS run that cast its input to bf16 and the result back, in bf16 precision (6 B per element
+    each)."""
+    tall: int = 0
+    """Operators per NS run of a tall part (more rows than columns: worked on transposed, copied back; 8 B per
+    element each)."""
+    ops_per_step: int = 0
+    """Operators per step whatever the matrices (the non-finite check, the multi-tensor update)."""
     batched: bool = False
-    """Same-shape matrices stacked into one operator (one launch per stack)."""
+    """Same-shape matrices stacked (`nemo_muon.optim.ns_stacks`): every count above is per stack, not per matrix."""
+    stack_bytes: float = STACK_BYTES
+    """Most fp32 bytes of input per stack (``batched``)."""
+
+    def units(self, w: MatrixWork) -> int:
+        """How many times the per-matrix counts apply to ``w``: once per matrix, or once per stack."""
+        if not self.batched:
+            return w.count
+        return max(1, math.ceil(w.count * FP32_BYTES * _elements(w) / self.stack_bytes))
+
+    def launches(self, work: Sequence[MatrixWork], steps: int, precision: str, device: str = "cuda",
+                 coefficients: str = "quintic") -> int:
+        """Operators one step of this implementation issues on ``work`` (what ``ns_seconds`` prices)."""
+        dtype = "bfloat16" if precision == "bf16" else "float32"
+        total = self.ops_per_step
+        for w in work:
+            per_unit = self.ops_per_matrix
+            for rows, cols in _parts(w):
+                m, n = sorted((rows, cols))
+                algorithm = choose_algorithm(m, n, device, dtype, coefficients) if self.picks_algorithm else "standard"
+                per_unit += len(ns_operators(m, n, steps, algorithm, 4)) + self._around(rows, cols, precision)
+            total += self.units(w) * per_unit
+        return total
+
+    def _around(self, rows: int, cols: int, precision: str) -> int:
+        return self.ops_per_part + (self.casts if precision == "bf16" else 0) + (self.tall if rows > cols else 0)
+
+    def _around_bytes(self, rows: int, cols: int, precision: str) -> float:
+        """Bytes per element of a part that the operators of `_around` move."""
+        return self.part_bytes + (6.0 * self.casts if precision == "bf16" else 0.0) + (8.0 * self.tall if rows > cols
+                                                                                     else 0.0)
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
-    # Emerging-Optimizers' Muon step (what Megatron-Core's own Muon runs per parameter): add_, lerp_, norm,
-    # clamp_min, div, two casts, two muls, add_ around the iteration
-    "megatron": Implementation("megatron", storage_bytes=4, ops_per_matrix=10, picks_algorithm=False),
-    # nemo-muon's Muon: the global non-finite check amortized over the matrices, then per matrix the same kind of
-    # element-wise work and the iteration its algorithm choice gives
-    "nemo_muon": Implementation("nemo_muon", storage_bytes=None, ops_per_matrix=15, picks_algorithm=True),
+    # Megatron-Core's TensorParallelMuon (Emerging-Optimizers' Muon step per parameter, Nesterov on): per part the
+    # norm (reads 4 B), clamp_min, div (8), two casts (12) and the two muls of the scale (16); per matrix the decay
+    # add_, lerp_, lerp and the update's add_
+    "megatron": Implementation("megatron", storage_bytes=4, ops_per_part=7, part_bytes=40.0, ops_per_matrix=4,
+                               picks_algorithm=False),
+    # nemo-muon's Muon, batch_ns=False: per part the normalization (mul 8 B, sum 4, sqrt, clamp_min, div 8) and the
+    # scale (8); per matrix lerp_ and lerp; per step the non-finite check (4) and the multi-tensor decay and update
+    "nemo_muon_per_matrix": Implementation("nemo_muon_per_matrix", storage_bytes=None, ops_per_part=6,
+                                           part_bytes=28.0, ops_per_matrix=2, picks_algorithm=True, casts=2, tall=1,
+                                           ops_per_step=6),
+    # nemo-muon's Muon as shipped (batch_ns=True): per stack the normalization (5: 20 B); per batch of stacks the
+    # multi-tensor copy, look-ahead, decay and update (4, priced per stack; the scale rides on the update's alpha);
+    # per step the non-finite check (4) and the multi-tensor momentum (1)
+    "nemo_muon": Implementation("nemo_muon", storage_bytes=None, ops_per_part=5, part_bytes=20.0, ops_per_matrix=4,
+                                picks_algorithm=True, casts=2, tall=1, ops_per_step=5, batched=True),
 }
+
+
+def _parts(w: MatrixWork) -> list[tuple[int, int]]:
+    return [(s[-2], s[-1]) for s in w.shapes if len(s) >= 2]
+
+
+def _elements(w: MatrixWork) -> int:
+    return sum(rows * cols for rows, cols in _parts(w))
 
 
 def ns_operators(m: int, n: int, steps: int, algorithm: str, element_bytes: int) -> list[tuple[float, float]]:
@@ -219,28 +287,34 @@ def _op(hw: Hardware, flops: float, nbytes: float, peak: float) -> float:
 
 
 def ns_seconds(work: Sequence[MatrixWork], hw: Hardware, impl: Implementation, steps: int, precision: str,
-               coefficients: str = "quintic") -> float:
-    """Time one rank spends in Newton–Schulz and Muon's per-matrix operators (module doc). Every coefficient set runs
-    ``steps`` iterations of the same step; ``coefficients`` matters only for the algorithm choice (a set of
-    ``ns_choice.GRAM_BF16_DIVERGES`` runs bf16 NS in the standard form)."""
+               coefficients: str = "quintic", element_bytes: float = MUON_BYTES_PER_ELEMENT) -> float:
+    """Time one rank spends in its matrix update: every operator ``impl.launches`` counts, each priced at
+    max(FLOPs / peak, bytes / HBM, the floor) (module doc). Newton–Schulz's operators move their operands
+    (``ns_operators``); the operators around a run share ``Implementation.part_bytes`` per element of the part (plus
+    the casts' and a tall part's copy), the element-wise ones the update's ``element_bytes`` per matrix element. Every coefficient set runs ``steps`` iterations of the same
+    step; ``coefficients`` matters only for the algorithm choice (a set of ``ns_choice.GRAM_BF16_DIVERGES`` runs bf16
+    NS in the standard form)."""
     peak = _peak_for_ns(hw, precision)
     e = impl.storage_bytes or (2 if precision == "bf16" else 4)
     dtype = "bfloat16" if precision == "bf16" else "float32"
-    total = 0.0
+    total = impl.ops_per_step * hw.kernel_floor_s
     for w in work:
-        stack = w.count if impl.batched else 1
-        launches = 1 if impl.batched else w.count
-        shapes = [tuple(sorted(s[-2:])) for s in w.shapes if len(s) >= 2]
-        standard = sum(steps * (4 * m * m * n + 2 * m ** 3) for m, n in shapes)
+        units = impl.units(w)
+        stack = w.count / units  # matrices per operator
+        parts = _parts(w)
+        standard = sum(steps * (4 * m * m * n + 2 * m ** 3) for m, n in (sorted(p) for p in parts))
         scale = w.flops / standard if standard > 0 else 1.0  # TP-mode repeats of the plan's (standard) cost
         t = 0.0
-        for m, n in shapes:
+        for rows, cols in parts:
+            m, n = sorted((rows, cols))
             algorithm = choose_algorithm(m, n, hw.kind, dtype, coefficients) if impl.picks_algorithm else "standard"
             t += sum(_op(hw, stack * scale * f, stack * scale * b, peak)
                      for f, b in ns_operators(m, n, steps, algorithm, e))
-        elements = sum(m * n for m, n in shapes)
-        t += impl.ops_per_matrix * _op(hw, 0.0, stack * 12 * elements, peak)
-        total += launches * t
+            ops = impl._around(rows, cols, precision)
+            t += ops * _op(hw, 0.0, stack * impl._around_bytes(rows, cols, precision) * rows * cols / ops, peak)
+        if impl.ops_per_matrix:
+            t += impl.ops_per_matrix * _op(hw, 0.0, stack * element_bytes * _elements(w) / impl.ops_per_matrix, peak)
+        total += units * t
     return total
 
 
@@ -277,14 +351,13 @@ def path_times(inputs: StepInputs, hw: Hardware, model_flops_per_s: float) -> di
     for rk in (rk for stage in inputs.ranks for rk in stage):
         if rk.matrices not in by_work:
             by_work[rk.matrices] = ns_seconds(rk.matrices, hw, inputs.implementation, inputs.ns_steps,
-                                              inputs.ns_precision, inputs.ns_coefficients)
+                                              inputs.ns_precision, inputs.ns_coefficients,
+                                              inputs.matrix_bytes_per_element)
         ns.append(by_work[rk.matrices])
     def split_exchange(rk: RankWork) -> float:  # within its blocks: consecutive DP ranks, tp apart
         return rk.split_bytes / _group_bandwidth(hw, lay, lay.tp, rk.split_block) if rk.split_block > 1 else 0.0
 
-    per_matrix_element = inputs.matrix_bytes_per_element
-    muon_opt = max(n + (per_matrix_element * rk.matrix_elements + ADAMW_BYTES_PER_ELEMENT * rk.adam_elements)
-                   / hw.hbm_bytes_per_s + split_exchange(rk)
+    muon_opt = max(n + ADAMW_BYTES_PER_ELEMENT * rk.adam_elements / hw.hbm_bytes_per_s + split_exchange(rk)
                    for n, rk in zip(ns, (rk for st in inputs.ranks for rk in st), strict=True))
     uneven = max(rk.gather_bytes for stage in inputs.ranks for rk in stage) / dp_bw
     og = inputs.overlap_grad_reduce
@@ -302,8 +375,10 @@ def path_times(inputs: StepInputs, hw: Hardware, model_flops_per_s: float) -> di
     }
 
 
-def predict(inputs: StepInputs, hw: Hardware, *, model_tflops: float | None = None) -> dict[str, Any]:
-    """The step-time block of ``plan --json`` (docs/flops.md lists its keys)."""
+def predict(inputs: StepInputs, hw: Hardware, *, model_tflops: float | None = None,
+            kernel_floor_us: float | None = None) -> dict[str, Any]:
+    """The step-time block of ``plan --json`` (docs/flops.md lists its keys). ``kernel_floor_us``: the operator
+    floor in microseconds (default: the hardware table's, `hardware.KERNEL_FLOOR_S`, an assumption)."""
     if model_tflops is None:
         rate, source = DEFAULT_MODEL_MFU * hw.peak("bf16"), f"assumed: {DEFAULT_MODEL_MFU:.0%} of dense bf16 peak"
     else:
@@ -311,15 +386,29 @@ def predict(inputs: StepInputs, hw: Hardware, *, model_tflops: float | None = No
         check_range(f"model_tflops on {hw.name}", model_tflops, low=0.0, low_inclusive=False,
                     high=max(hw.peak_flops.values()) / 1e12)
         rate, source = model_tflops * 1e12, "given with --model-tflops"
+    if kernel_floor_us is None:
+        floor_source = f"assumed: {hw.kernel_floor_s * 1e6:g} us (docs/step_time.md, measure it: bench/gpu/step_time_ns.py)"
+    else:
+        check_range("kernel_floor_us", kernel_floor_us, low=0.0, high=1e6)
+        hw = dataclasses.replace(hw, kernel_floor_s=kernel_floor_us * 1e-6)
+        floor_source = "given with --kernel-floor-us"
     paths = path_times(inputs, hw, rate)
     adamw = paths["adamw"].step_s
+    muon = [k for k in paths if k != "adamw"]
     return {
         "hardware": hw.describe(),
         "model_tflops_per_gpu": rate / 1e12,
         "model_tflops_source": source,
+        "kernel_floor_us": hw.kernel_floor_s * 1e6,
+        "kernel_floor_source": floor_source,
         "implementation": inputs.implementation.name,
+        "launches_per_step_max": max(inputs.implementation.launches(work, inputs.ns_steps, inputs.ns_precision,
+                                                                    hw.kind, inputs.ns_coefficients)
+                                     for work in {rk.matrices for stage in inputs.ranks for rk in stage}),
         "ns_precision": inputs.ns_precision,
         "grad_bytes": inputs.grad_bytes,
         "paths": {k: v.to_dict() for k, v in paths.items()},
-        "throughput_ratio": {k: adamw / v.step_s for k, v in paths.items() if k != "adamw"},
+        "throughput_ratio": {k: adamw / paths[k].step_s for k in muon},
+        "extra_step_s": {k: paths[k].step_s - adamw for k in muon},
+        "extra_step_vs_adamw": {k: paths[k].step_s / adamw - 1.0 for k in muon},
     }

@@ -24,10 +24,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_muon._validation import check_positive_int
 from nemo_muon.config.optimizer import SCALE_MODES, MuonConfig
 from nemo_muon.optim.coefficients import coefficient_table
 from nemo_muon.optim.fused import merge_parts, split_parts
+from nemo_muon.optim.muon_batched import batched_step
 from nemo_muon.optim.ns_iteration import gather_shards, newton_schulz_many
+from nemo_muon.optim.ns_stacks import STACK_BYTES
 from nemo_muon.optim.routed import MatrixItem, RoutedOptimizer
 from nemo_muon.optim.routing import FusedLayout, MatrixRule
 from nemo_muon.optim.split_exchange import gather_slices, scatter_slices
@@ -56,20 +59,10 @@ def tensor_partition_dim(p: torch.Tensor) -> int | None:
 def newton_schulz_stacked(xs: list[torch.Tensor], steps: int, coefficients: str, *,
                           precision: str) -> list[torch.Tensor]:
     """NS of every matrix of ``xs`` (2-D or 3-D stacks, no TP), the matrices of one shape stacked into one batched
-    call: the same result as one call per matrix within fp32 rounding (batched GEMMs may sum in another order). A
-    shape met once runs as it is. On a GPU in bf16 a stack gives up the SYRK kernel (2-D only) for fewer launches."""
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for i, x in enumerate(xs):
-        groups.setdefault((tuple(x.shape[-2:]), x.dtype, x.device), []).append(i)
-    flat = [xs[idx[0]] if len(idx) == 1 and xs[idx[0]].ndim == 2 else
-            torch.cat([xs[i].reshape(-1, *xs[i].shape[-2:]) for i in idx]) for idx in groups.values()]
-    out: list[torch.Tensor | None] = [None] * len(xs)
-    for idx, y in zip(groups.values(), newton_schulz_many(flat, steps, coefficients, precision=precision),
-                      strict=True):
-        sizes = [xs[i].numel() // (xs[i].shape[-2] * xs[i].shape[-1]) for i in idx]
-        for i, piece in zip(idx, y.split(sizes) if y.ndim == 3 else [y], strict=True):
-            out[i] = piece.reshape(xs[i].shape)
-    return out  # type: ignore[return-value]
+    call (``newton_schulz_many(..., stack=True)``): the same result as one call per matrix within fp32 rounding
+    (batched GEMMs may sum in another order). A shape met once runs as it is. On a GPU in bf16 a stack gives up the
+    SYRK kernel (2-D only) for fewer launches."""
+    return newton_schulz_many(xs, steps, coefficients, precision=precision, stack=True)
 
 
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(MuonConfig) if f.init)
@@ -105,9 +98,13 @@ class Muon(RoutedOptimizer):
     rule), or param-group dicts (a group may force ``"algorithm": "matrix" | "adamw"``); plain unnamed matrices are
     refused (``nemo_muon.optim.routed``); ``routes()`` prints where each went and why. Keyword names equal
     ``MuonConfig``'s fields; ``matrix_rule``, ``fused_layouts`` (see ``nemo_muon.optim.routing``) and
-    ``master_weights`` (fp32 master copy for bf16/fp16 params) are runtime extras, and ``batch_ns`` (without TP: the
-    NS of all same-shape matrices of a step in one stacked call, ``newton_schulz_stacked``; fewer, larger kernels for
-    all NS inputs held at once; off by default, which keeps one matrix at a time and bitwise-stable results).
+    ``master_weights`` (fp32 master copy for bf16/fp16 params) are runtime extras, and so are ``batch_ns`` and
+    ``stack_bytes``: with ``batch_ns`` (the default) the matrices of a step that share their group, shape, route and
+    TP partition dim are stacked (at most ``stack_bytes`` of fp32 input per stack, `nemo_muon.optim.ns_stacks`), one
+    Newton–Schulz operator per stack, and the element-wise work is multi-tensor (`nemo_muon.optim.muon_batched`): no
+    operator per matrix, every update within fp32 reordering of the per-matrix one; ``batch_ns=False`` runs one
+    matrix at a time (peak memory: one extra momentum-sized tensor). Muon's variants with state of their own
+    (`MuonVariant`) stack their NS and keep their element-wise work per matrix.
     ``step(closure=None, *, skip_nonfinite_check=False)``; after a step ``last_step_skipped`` tells whether a
     non-finite gradient skipped it (``skipped_steps`` counts them).
     """
@@ -141,7 +138,8 @@ class Muon(RoutedOptimizer):
         matrix_rule: MatrixRule | None = None,
         fused_layouts: Mapping[str, FusedLayout | Mapping | None] | None = None,
         master_weights: bool = False,
-        batch_ns: bool = False,
+        batch_ns: bool = True,
+        stack_bytes: int = STACK_BYTES,
     ) -> None:
         # the config's fields, named once (the signature) and validated once (MuonConfig: raises naming the field)
         given = {k: v for k, v in locals().items() if k in _CONFIG_FIELDS}
@@ -150,6 +148,8 @@ class Muon(RoutedOptimizer):
         self.tp_group = tp_group
         self.tp_mode = tp_mode
         self.batch_ns = bool(batch_ns)
+        check_positive_int("stack_bytes", stack_bytes)
+        self.stack_bytes = stack_bytes
         defaults = {k: getattr(config, k) for k in MUON_GROUP_FIELDS if k != "adamw_lr"}  # the base adds adamw_lr
         super().__init__(
             params, defaults, nonfinite=nonfinite, master_weights=master_weights, matrix_rule=matrix_rule,
@@ -186,13 +186,19 @@ class Muon(RoutedOptimizer):
         config = MuonConfig(**{k: tuple(group[k]) if k == "adamw_betas" else group[k] for k in self._group_fields})
         coefficient_table(config.coefficients, field=f"{config.name}.coefficients")  # in the installed package
 
-    def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor]:
-        """Without TP, one parameter at a time (peak memory: one extra momentum-sized tensor), or all together with
-        same-shape matrices stacked (``batch_ns``); with TP, all together so that their collectives are fused.
-        Split matrices (``share_split``) together, after the others, with the ones this rank helps with."""
+    def _matrix_updates(self, items: list[MatrixItem]) -> list[torch.Tensor | None]:
+        """With ``batch_ns``, `batched_step` (applied there: None for those items); otherwise, without TP, one
+        parameter at a time (peak memory: one extra momentum-sized tensor), with TP all together so that their
+        collectives are fused. Split matrices (``share_split``) together, after the others, with the ones this rank
+        helps with."""
         split = [it for it in items if it.param in self._splits]
         whole = [it for it in items if it.param not in self._splits]
-        if self.tp_group is None and not self.batch_ns:
+        out: list[torch.Tensor | None]
+        if self.batch_ns and self._element_wise_is_muons() and whole:
+            batched_step(whole, partition_dim=self._partition_dim, tp_group=self.tp_group, tp_mode=self.tp_mode,
+                         scale=muon_scale, stack_bytes=self.stack_bytes, apply=self._apply_items)
+            out = [None] * len(whole)
+        elif self.tp_group is None and not self.batch_ns:
             out = [u for it in whole for u in self._orthogonalized([it])]
         else:
             out = self._orthogonalized(whole) if whole else []
@@ -202,6 +208,18 @@ class Muon(RoutedOptimizer):
         by_param = dict(zip((it.param for it in whole), out, strict=True))
         by_param.update(zip((it.param for it in split), self._split_orthogonalized(split, helped), strict=True))
         return [by_param[it.param] for it in items]
+
+    def _element_wise_is_muons(self) -> bool:
+        """Whether this class keeps Muon's NS input and post-NS step (a variant with state of its own does not)."""
+        cls = type(self)
+        return cls._ns_input is Muon._ns_input and cls._post_orthogonalize is Muon._post_orthogonalize
+
+    def _partition_dim(self, p: torch.Tensor) -> int | None:
+        return tensor_partition_dim(p) if self.tp_group is not None else None
+
+    def _apply_items(self, items: list[MatrixItem], updates: list[torch.Tensor], scales: list[float]) -> None:
+        self._apply_many([(it.param, it.state, u, it.group["lr"], it.group["weight_decay"])
+                          for it, u in zip(items, updates, strict=True)], scales)
 
     def takes_part_without_updates(self) -> bool:
         """Whether this rank must step even without a matrix of its own to update: it helps orthogonalize a matrix
@@ -266,7 +284,8 @@ class Muon(RoutedOptimizer):
             else:
                 slices = [parts[i][j].chunk(ways, dim=dim)[index].contiguous() for i, j in where]
             ys = newton_schulz_many(slices, steps, coeffs, tp_group=group, tp_mode="distributed",
-                                    partition_dims=[dim] * len(slices), precision=precision)
+                                    partition_dims=[dim] * len(slices), precision=precision, stack=self.batch_ns,
+                                    stack_bytes=self.stack_bytes)
             full = (gather_slices(ys, [dim - 2] * len(ys), group) if first_holds
                     else gather_shards(ys, [dim - 2] * len(ys), group))
             for (i, j), y in zip(where, full or [], strict=False):
@@ -295,15 +314,10 @@ class Muon(RoutedOptimizer):
             key = (g["ns_steps"], g["coefficients"], g["ns_precision"])
             keys.setdefault(key, []).extend((i, j) for j in range(len(parts[i])))
         for (steps, coeffs, precision), where in keys.items():
-            if self.tp_group is None and self.batch_ns:
-                ys = newton_schulz_stacked([parts[i][j] for i, j in where], steps, coeffs, precision=precision)
-                for (i, j), y in zip(where, ys, strict=True):
-                    outs[i][j] = y
-                continue
             dims = [tensor_partition_dim(items[i].param) if self.tp_group is not None else None for i, _ in where]
             ys = newton_schulz_many(
                 [parts[i][j] for i, j in where], steps, coeffs, tp_group=self.tp_group, tp_mode=self.tp_mode,
-                partition_dims=dims, precision=precision,
+                partition_dims=dims, precision=precision, stack=self.batch_ns, stack_bytes=self.stack_bytes,
             )
             for (i, j), y in zip(where, ys, strict=True):
                 outs[i][j] = y

@@ -38,6 +38,7 @@ from nemo_muon.config.optimizer import COEFFICIENT_SETS, TP_MODES, check_ns_sche
 from nemo_muon.config.optimizer import NS_PRECISIONS as PRECISIONS
 from nemo_muon.optim.coefficients import coefficient_schedule
 from nemo_muon.optim.ns_kernels import ns_program, run_programs
+from nemo_muon.optim.ns_stacks import STACK_BYTES, chunked, stacked, unstacked
 from nemo_muon.registry.cost import NS_ALGORITHMS
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ def newton_schulz_many(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     tp_cost: TPCostModel = DEFAULT_TP_COST,
     stats: dict | None = None,
+    stack: bool = False,
+    stack_bytes: int = STACK_BYTES,
 ) -> list[torch.Tensor]:
     """Orthogonalize every matrix of ``xs`` (see the module docstring), fusing the collectives of all of them.
 
@@ -130,7 +133,11 @@ def newton_schulz_many(
     ``ns_choice.GRAM_MIN_ASPECT`` times wider than tall, standard in bf16 for a set of ``ns_choice.GRAM_BF16_DIVERGES``,
     where ``gram`` is refused), ``standard`` or ``gram``. ``stats``, if given, receives
     ``modes`` (per matrix: local, duplicated, distributed or blockwise), ``all_reduce_calls`` and
-    ``all_gather_calls``.
+    ``all_gather_calls`` and ``stacks`` (programs run).
+    ``stack``: matrices that run the same program on the same shape (same TP mode and partition dim, same algorithm
+    and orientation) are stacked into one batched program of at most ``stack_bytes`` fp32 input
+    (`nemo_muon.optim.ns_stacks`): one operator per stack instead of one per matrix, each result equal to its own
+    NS within fp32 reordering; composes with every TP mode (a stack of shards is gathered, reduced or kept alike).
     """
     check_positive_int("steps", steps)
     check_choice("coefficients", coefficients, COEFFICIENT_SETS)
@@ -138,6 +145,7 @@ def newton_schulz_many(
     check_choice("tp_mode", tp_mode, TP_MODES)
     check_choice("precision", precision, PRECISIONS)
     check_choice("algorithm", algorithm, ("auto", *NS_ALGORITHMS))
+    check_positive_int("stack_bytes", stack_bytes)
     xs = list(xs)
     dims = list(partition_dims) if isinstance(partition_dims, (list, tuple)) else [partition_dims] * len(xs)
     if len(dims) != len(xs):
@@ -182,7 +190,7 @@ def newton_schulz_many(
             work[i] = f
 
     reducer = _BucketedAllReduce(tp_group, bucket_bytes) if "distributed" in modes else None
-    programs, reducers, transposed = [], [], []
+    keys, transposed, algos = [], [], []
     for i, x in enumerate(work):
         if modes[i] == "distributed":
             t = dims[i] == -2  # make the sharded (long) side the contracted columns
@@ -190,27 +198,37 @@ def newton_schulz_many(
             short = x.shape[-1] if t else x.shape[-2]
             algo = (choose_algorithm(short, full_long, x.device, dtype, coefficients) if algorithm == "auto"
                     else algorithm)
-            reducers.append(reducer)
         else:
             t = x.shape[-2] > x.shape[-1]
             algo = (choose_algorithm(x.shape[-2], x.shape[-1], x.device, dtype, coefficients) if algorithm == "auto"
                     else algorithm)
-            reducers.append(None)
         transposed.append(t)
-        programs.append(ns_program(x.mT if t else x, coeffs, algorithm=algo, compute_dtype=dtype))
-    results = run_programs(programs, reducers)
+        algos.append(algo)
+        # one stack per key: the same program on the same shape, reduced (or not) and cut the same way
+        same = (modes[i], t, algo, dims[i] if modes[i] in ("duplicated", "distributed") else None,
+                tuple(x.shape[-2:]), x.dtype, x.device)
+        keys.append(same if stack else i)
+    runs = chunked(keys, [x.numel() * 4 for x in work], stack_bytes)
+    programs = [ns_program(_oriented(stacked([work[i] for i in run]), transposed[run[0]]), coeffs,
+                           algorithm=algos[run[0]], compute_dtype=dtype) for run in runs]
+    results = run_programs(programs, [reducer if modes[run[0]] == "distributed" else None for run in runs])
 
-    out = []
-    for i, y in enumerate(results):
-        y = y.float()
-        if transposed[i]:
-            y = y.mT
+    out: list[torch.Tensor | None] = [None] * len(xs)
+    for run, y in zip(runs, results, strict=True):
+        i = run[0]
+        y = _oriented(y.float(), transposed[i])
         if modes[i] == "duplicated":
             y = y.chunk(world, dim=dims[i])[dist.get_rank(tp_group)]
-        out.append(y.contiguous())
+        for j, piece in zip(run, unstacked(y.contiguous(), [xs[j] for j in run]), strict=True):
+            out[j] = piece
     if stats is not None:
-        stats.update(modes=modes, all_reduce_calls=reducer.calls if reducer else 0, all_gather_calls=all_gather_calls)
-    return out
+        stats.update(modes=modes, all_reduce_calls=reducer.calls if reducer else 0, all_gather_calls=all_gather_calls,
+                     stacks=len(runs))
+    return out  # type: ignore[return-value]
+
+
+def _oriented(x: torch.Tensor, transposed: bool) -> torch.Tensor:
+    return x.mT if transposed else x
 
 
 def newton_schulz(

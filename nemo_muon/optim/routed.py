@@ -216,11 +216,14 @@ class RoutedOptimizer(torch.optim.Optimizer):
         return [(p, p.grad) for g in self.param_groups for p in g["params"] if p.grad is not None]
 
     def has_nonfinite_grads(self) -> bool:
-        """True if any gradient of this optimizer's params has a NaN/Inf (one device sync)."""
-        grads = [g for _, g in self._grads()]
-        if not grads:
-            return False
-        return not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        """True if any gradient of this optimizer's params has a NaN/Inf: the largest |element| of every gradient in
+        one multi-tensor operator (it propagates NaN), per device; one device sync."""
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for _, g in self._grads():
+            if g.numel():
+                by_device.setdefault(g.device, []).append(g)
+        return any(not math.isfinite(torch.stack(torch._foreach_norm(grads, math.inf)).max().item())
+                   for grads in by_device.values())
 
     def nonfinite_param_names(self) -> list[str]:
         """Names of the params whose gradient has a NaN/Inf."""
@@ -284,11 +287,32 @@ class RoutedOptimizer(torch.optim.Optimizer):
                 else:
                     matrix_items.append(MatrixItem(p, grad, state, group, route, self._names[p]))
         if matrix_items or self.takes_part_without_updates():
-            for item, update in zip(matrix_items, self._matrix_updates(matrix_items), strict=True):
-                if update is None:  # the subclass only built state this step (SOAP's first step)
-                    continue
-                self._apply(item.param, item.state, update, item.group["lr"], item.group["weight_decay"])
+            self._apply_many([(item.param, item.state, update, item.group["lr"], item.group["weight_decay"])
+                              for item, update in zip(matrix_items, self._matrix_updates(matrix_items), strict=True)
+                              if update is not None])  # None: applied already, or only state built (SOAP's 1st)
         return loss
+
+    def _apply_many(self, entries: list[tuple[torch.Tensor, dict[str, Any], torch.Tensor, float, float]],
+                    scales: list[float] | None = None) -> None:
+        """``_apply`` of every (param, state, update, lr, wd) entry, multi-tensor: per (lr, wd, scale, device) one
+        foreach for the decay and one for the update ``p <- p·(1 - lr·wd) - (lr·scale)·update`` (``scales``: one per
+        entry, default 1), and one to copy fp32 masters into their params; an update of another dtype than its
+        target is scaled, cast and applied alone, as ``_apply`` does."""
+        same: dict[tuple[float, float, float, torch.device], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        for (p, state, update, lr, wd), scale in zip(entries, scales or [1.0] * len(entries), strict=True):
+            target = self._target(p, state)
+            if target.dtype != update.dtype:
+                self._apply(p, state, update * scale if scale != 1.0 else update, lr, wd)
+                continue
+            same.setdefault((lr, wd, scale, target.device), []).append((p, target, update))
+        for (lr, wd, scale, _), rows in same.items():
+            targets = [t for _, t, _ in rows]
+            if wd:
+                torch._foreach_mul_(targets, 1 - lr * wd)
+            torch._foreach_add_(targets, [u for _, _, u in rows], alpha=-lr * scale)
+            copied = [(p, t) for p, t, _ in rows if t is not p]
+            if copied:
+                torch._foreach_copy_([p for p, _ in copied], [t for _, t in copied])
 
     def _apply(self, p: torch.Tensor, state: dict[str, Any], update: torch.Tensor, lr: float, wd: float) -> None:
         target = self._target(p, state)
