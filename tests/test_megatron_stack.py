@@ -4,9 +4,10 @@ be true against the real libraries in tests/container_stack)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
-from nemo_muon.recipes import get_recipe
+from nemo_muon.recipes import get_recipe, list_recipes
 
 from nemo_muon.megatron.shared import stack
 
@@ -79,15 +80,42 @@ def test_a_release_whose_bridge_recipes_we_do_not_build_is_refused_naming_it(rel
     stack.check_recipe_stack(get_recipe("tiny_kimi_k2_muon"))  # torch backend: no Bridge involved
 
 
-def test_bridge_06_needs_a_local_hf_config_at_dryrun(monkeypatch):
+@pytest.mark.parametrize("release", ["26.02", "26.02.01", "26.08"])
+def test_every_megatron_recipe_passes_the_dry_run_check_on_every_release_without_hf_config(release, monkeypatch):
+    """26.08 refused every megatron recipe without hf_config: the config.json of each model ships."""
+    monkeypatch.setattr(stack, "installed_versions", lambda: dict.fromkeys(stack.CHECKED_DISTRIBUTIONS))
+    monkeypatch.setenv("NEMO_MUON_RELEASE", release)
+    for name in list_recipes():
+        recipe = get_recipe(name)
+        if recipe.backend == "megatron":
+            stack.check_recipe_stack(recipe)
+
+
+def test_a_model_without_a_shipped_config_needs_hf_config_naming_the_field(monkeypatch, tmp_path):
+    from nemo_muon.megatron.bridge import hf_config
+
     monkeypatch.setattr(stack, "installed_versions", lambda: dict.fromkeys(stack.CHECKED_DISTRIBUTIONS))
     monkeypatch.setenv("NEMO_MUON_RELEASE", "26.08")
+    monkeypatch.setattr(hf_config, "SHIPPED_HF_CONFIGS", tmp_path)  # an install without the package data
     with pytest.raises(ValueError, match=r"recipe 'qwen3_30b_a3b_muon' on the nemo:26.08 container stack \(megatron-"
                                          r"bridge 0.6.0\): hf_config must name a local folder holding "
                                          r"Qwen/Qwen3-30B-A3B's Hugging Face config.json"):
         stack.check_recipe_stack(get_recipe("qwen3_30b_a3b_muon"))
-    monkeypatch.setenv("NEMO_MUON_RELEASE", "26.02")  # Bridge 0.3 builds its providers without the Hub
-    stack.check_recipe_stack(get_recipe("qwen3_30b_a3b_muon"))
+    stack.check_recipe_stack(get_recipe("qwen3_30b_a3b_muon").replace(hf_config="/configs/qwen3"))
+
+
+def test_the_shipped_config_is_the_models_architecture():
+    """The config.json each megatron model ships with states the architecture numbers of its ModelSpec."""
+    import json
+
+    from nemo_muon.megatron.bridge.hf_config import HF_MODEL_IDS, shipped_hf_config
+    from nemo_muon.models import get_model_spec
+
+    for model in HF_MODEL_IDS:
+        config = json.loads((Path(shipped_hf_config(model)) / "config.json").read_text())
+        spec = get_model_spec(model)
+        assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (
+            spec.num_layers, spec.hidden_size, spec.vocab_size), model
 
 
 def test_with_megatron_installed_the_installed_stack_is_judged():
@@ -170,7 +198,6 @@ def test_a_login_node_with_megatron_core_but_no_bridge_judges_the_releases_bridg
     assert stack.installed_versions()[stack.MCORE] is not None
     monkeypatch.setenv("NEMO_MUON_RELEASE", "26.08")
     assert stack.target_bridge() == ("0.6.0", "the nemo:26.08 container stack")
-    with pytest.raises(ValueError, match=r"on the nemo:26.08 container stack \(megatron-bridge 0.6.0\): hf_config must"):
-        stack.check_recipe_stack(get_recipe("kimi_k2_muon"))
+    stack.check_recipe_stack(get_recipe("kimi_k2_muon"))
     monkeypatch.setenv("NEMO_MUON_RELEASE", "26.02")
     stack.check_recipe_stack(get_recipe("kimi_k2_muon"))

@@ -55,3 +55,29 @@ def test_ruff_targets_the_oldest_python_pyproject_allows():
     lowest = next(v for v in (f"3.{m}" for m in range(8, 30)) if SpecifierSet(cfg["project"]["requires-python"])
                   .contains(v))
     assert cfg["tool"]["ruff"]["target-version"] == "py" + lowest.replace(".", "")
+
+
+def test_a_built_wheel_carries_the_hugging_face_config_of_every_megatron_model(tmp_path):
+    """Megatron-Bridge builds each megatron model from its config.json, which nemo-muon ships as package data
+    (pyproject's [tool.setuptools.package-data]): a wheel without it would leave every megatron recipe without a
+    config to read offline. Built from a copy of the sources (nothing written into the checkout)."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    from nemo_muon.megatron.bridge.hf_config import HF_MODEL_IDS
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy(ROOT / name, src / name)
+    for folder in _pyproject()["tool"]["setuptools"]["package-dir"].values():
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                          str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("nemo_muon-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"nemo_muon/models/hf_configs/{model}/config.json" for model in HF_MODEL_IDS} <= names

@@ -137,3 +137,20 @@ def test_skip_policy_turns_bridges_local_nan_checks_off_and_validates(nonfinite,
         runtime_config_update(c)
     assert c.ddp.check_for_nan_in_grad is checks
     assert c.rerun_state_machine.check_for_nan_in_loss is checks
+
+
+def test_bridge_03_reads_the_hugging_face_config_the_run_names(bridge, tmp_path):
+    """Bridge 0.3's Qwen3 library recipe builds its model from config.json: the one nemo-muon ships, offline, or
+    the folder ``hf_config`` names (was: the Hub id's, through the HF cache, ``hf_config`` silently ignored)."""
+    import json
+
+    from nemo_muon.recipes.execute import build_recipe
+
+    from nemo_muon.megatron.bridge.hf_config import SHIPPED_HF_CONFIGS
+
+    config = json.loads((SHIPPED_HF_CONFIGS / "qwen3_30b_a3b" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 24}))
+    recipe = get_recipe("qwen3_30b_a3b_muon")
+    with target_machine(recipe.system.gpu, TE_VERSION):
+        assert config_container(recipe).model.num_layers == 48
+        assert config_container(build_recipe(recipe.name, [f"hf_config={tmp_path}"])).model.num_layers == 24

@@ -1,11 +1,10 @@
-"""An offline Hugging Face cache holding the one file Megatron-Bridge 0.3.0's Qwen3-MoE library recipe reads.
+"""An offline Hugging Face cache, so that nothing in the Bridge tests reaches the Hub (``HF_HUB_OFFLINE=1``).
 
-`qwen3_30b_a3b_pretrain_config` calls ``AutoBridge.from_hf_pretrained("Qwen/Qwen3-30B-A3B")``
-(``megatron/bridge/recipes/qwen/qwen3_moe.py:259``) to build its model provider from the Hub's ``config.json``; in
-the container that needs Hub access or a cache, and without either it retries forever
-(``safe_config_loader.py:126``). Tests lay out ``tests/data/qwen3_30b_a3b_config.json`` (the public config of
-Qwen/Qwen3-30B-A3B, whose architecture numbers `nemo_muon.models.specs.QWEN3_30B_A3B` also states) as a cache
-snapshot and set ``HF_HUB_OFFLINE=1``.
+Bridge's Qwen3-MoE recipes call ``AutoBridge.from_hf_pretrained("Qwen/Qwen3-30B-A3B")``
+(``megatron/bridge/recipes/qwen/qwen3_moe.py:259`` at 0.3.0) to build the model provider from the Hub's
+``config.json``; without Hub access or a cache they retry forever (``safe_config_loader.py:126``). nemo-muon's own
+bases read the config.json it ships (`nemo_muon.megatron.bridge.hf_config`); tests that call Bridge directly
+(``AutoBridge.from_hf_pretrained`` of the Hub id) find the same file laid out here as a cache snapshot.
 """
 
 from __future__ import annotations
@@ -14,8 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent.parent / "data"
-CACHED_REPOS: dict[str, Path] = {"Qwen/Qwen3-30B-A3B": DATA / "qwen3_30b_a3b_config.json"}
+from nemo_muon.megatron.bridge.hf_config import SHIPPED_HF_CONFIGS
+
+CACHED_REPOS: dict[str, Path] = {"Qwen/Qwen3-30B-A3B": SHIPPED_HF_CONFIGS / "qwen3_30b_a3b" / "config.json"}
 _SNAPSHOT = "0000000000000000000000000000000000000000"
 
 

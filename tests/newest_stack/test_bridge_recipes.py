@@ -1,5 +1,5 @@
 """Every megatron recipe builds its Megatron-Bridge 0.6 `ConfigContainer` from Bridge's own perf recipe (the
-model read offline from a local Hugging Face config.json, `recipe.hf_config`), passes what Bridge's `pretrain()` runs
+model read offline from the Hugging Face config.json nemo-muon ships, or the folder `recipe.hf_config` names), passes what Bridge's `pretrain()` runs
 on it first (`runtime_config_update`: environment, precision and comm-overlap setup, `validate()`) at the recipe's
 world size on its target GPU, and differs from that perf recipe only in the fields of `DELIBERATE_DIFFERENCES_06`."""
 
@@ -15,20 +15,20 @@ import pytest
 from nemo_muon.recipes import get_recipe, list_recipes
 from nemo_muon.recipes.execute import build_recipe
 
+from nemo_muon.megatron.bridge.hf_config import HF_MODEL_IDS, SHIPPED_HF_CONFIGS
 from nemo_muon.megatron.bridge_06.perf_recipes import (
     DELIBERATE_DIFFERENCES_06,
-    HF_MODEL_IDS,
     perf_recipe_container,
     perf_recipe_target,
 )
 from nemo_muon.versions import get_release
 from tests.megatron_cpu.bridge_validation import target_machine
-from tests.megatron_cpu.hf_cache import DATA
 
 MEGATRON_RECIPES = [n for n in list_recipes() if get_recipe(n).backend == "megatron"]
 TE_VERSION = get_release("26.08").transformer_engine
-HF_CONFIGS = {"kimi_k2": DATA / "kimi_k2_config.json", "qwen3_30b_a3b": DATA / "qwen3_30b_a3b_config.json"}
-"""The public config.json of each model family (Kimi K2's in DeepseekV3 form: the Hub's names remote code)."""
+HF_CONFIGS = {model: SHIPPED_HF_CONFIGS / model / "config.json" for model in HF_MODEL_IDS}
+"""The public config.json of each model family, as shipped (Kimi K2's in DeepseekV3 form: the Hub's names remote
+code); the tests pass copies as ``hf_config``, the override, and build without it too."""
 
 
 @pytest.fixture(scope="session")
@@ -141,11 +141,14 @@ def test_every_deliberate_difference_is_one(bridge, hf_configs):
     assert stale == []
 
 
-def test_a_recipe_without_hf_config_is_refused_naming_the_field_and_the_hub_id(bridge):
+def test_a_recipe_without_hf_config_builds_from_the_shipped_config(bridge):
+    """Was refused ('hf_config must name a local folder holding moonshotai/Kimi-K2-Instruct's ...')."""
     from nemo_muon.megatron.bridge.container import config_container
 
-    with pytest.raises(ValueError, match=r"hf_config must name a local folder holding moonshotai/Kimi-K2-Instruct's"):
-        config_container(get_recipe("kimi_k2_muon"))
+    recipe = get_recipe("kimi_k2_muon")
+    with target_machine(recipe.system.gpu, TE_VERSION):
+        container = config_container(recipe)
+    assert container.model.hf_model_id == str(SHIPPED_HF_CONFIGS / "kimi_k2") and container.model.num_layers == 61
 
 
 def test_a_folder_without_config_json_is_refused(bridge, tmp_path):
@@ -158,7 +161,7 @@ def test_a_folder_without_config_json_is_refused(bridge, tmp_path):
 def test_the_local_config_is_used_only_while_the_recipe_builds(bridge, hf_configs):
     from megatron.bridge.models.conversion.auto_bridge import AutoBridge
 
-    from nemo_muon.megatron.bridge_06.perf_recipes import local_hf_config
+    from nemo_muon.megatron.bridge.hf_config import local_hf_config
 
     before = AutoBridge.__dict__["from_hf_pretrained"]
     with local_hf_config(HF_MODEL_IDS["qwen3_30b_a3b"], str(hf_configs["qwen3_30b_a3b"])):

@@ -16,6 +16,7 @@ from typing import Any
 
 from nemo_muon.config.recipe import TrainingRecipe
 from nemo_muon.megatron.bridge.container import DeliberateDifference, check_supported, parallel_sizes, set_fields
+from nemo_muon.megatron.bridge.hf_config import recipe_hf_config
 from nemo_muon.megatron.bridge.perf_presets import BRIDGE_PERF_LAYOUTS
 from nemo_muon.registry import spec_for
 
@@ -173,7 +174,8 @@ def library_recipe_container(recipe: TrainingRecipe) -> Any:
     module_name, fn_name = BRIDGE_BASE_RECIPES[recipe.model.name].split(":")
     kwargs = bridge_recipe_kwargs(recipe)
     kwargs["precision_config"] = get_mixed_precision_config(kwargs["precision_config"])
-    container = getattr(importlib.import_module(module_name), fn_name)(**kwargs)
+    with recipe_hf_config(recipe):  # Qwen3's library recipe reads the Hub's config.json: the shipped one here
+        container = getattr(importlib.import_module(module_name), fn_name)(**kwargs)
     knobs = BRIDGE_PERF_LAYOUTS.get((recipe.model.name, recipe.system.gpu))
     if knobs is not None:
         fields = perf_script_fields(recipe, knobs)

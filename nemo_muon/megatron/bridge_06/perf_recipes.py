@@ -8,23 +8,20 @@ logging and optimizer on it; where ours differ from the function on purpose the 
 `DELIBERATE_DIFFERENCES_06` (docs/recipes.md prints it).
 
 Bridge >= 0.4 builds the model provider from the model's Hugging Face config (``AutoBridge.from_hf_pretrained`` of a
-Hub id the recipe names). Clusters and this project's machines reach no Hub, so a megatron recipe names a local
-folder holding that ``config.json`` (``recipe.hf_config``); `local_hf_config` makes the Hub id Bridge's recipe asks
-for load from that folder while the recipe function runs (Bridge's ``AutoBridge.from_hf_pretrained`` is wrapped for
-the duration of the call and restored after; nothing else). Torch-free until a function is called.
+Hub id the recipe names). Clusters and this project's machines reach no Hub, so the function runs with that id read
+from the config.json nemo-muon ships, or the folder ``recipe.hf_config`` names
+(`nemo_muon.megatron.bridge.hf_config.recipe_hf_config`: Bridge's ``AutoBridge.from_hf_pretrained`` is wrapped for the
+duration of the call and restored after; nothing else). Torch-free until a function is called.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from nemo_muon._validation import check_choice
-from nemo_muon.megatron.bridge.hf_config import HF_MODEL_IDS, missing_hf_config_message
+from nemo_muon.megatron.bridge.hf_config import recipe_hf_config
 
 PERF_RECIPE_MODULES: dict[str, str] = {
     "kimi_k2": "megatron.bridge.perf_recipes.kimi.{gpu}.kimi_k2",
@@ -66,42 +63,10 @@ def perf_recipe_function(recipe: Any) -> Any:
     return getattr(module, function)
 
 
-def check_hf_config_dir(field: str, path: str) -> None:
-    """Raise unless ``path`` is a folder holding a ``config.json`` (``field`` names the recipe field)."""
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"{field}={path!r} must be a folder holding the model's Hugging Face config.json (Megatron-"
-                         "Bridge builds the model from it); no config.json there")
-
-
-@contextmanager
-def local_hf_config(hub_id: str, folder: str) -> Iterator[None]:
-    """While the block runs, Bridge's ``AutoBridge.from_hf_pretrained(hub_id, ...)`` loads ``folder`` instead (a pinned
-    ``revision`` of the Hub id does not apply to a local folder and is dropped); other ids are untouched."""
-    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
-
-    check_hf_config_dir("hf_config", folder)
-    original = AutoBridge.__dict__["from_hf_pretrained"]
-    load = original.__func__
-
-    def from_local(cls: type, path: Any, *args: Any, **kwargs: Any) -> Any:
-        if path == hub_id:
-            kwargs.pop("revision", None)
-            path = folder
-        return load(cls, path, *args, **kwargs)
-
-    AutoBridge.from_hf_pretrained = classmethod(from_local)
-    try:
-        yield
-    finally:
-        AutoBridge.from_hf_pretrained = original
-
-
 def perf_recipe_container(recipe: Any) -> Any:
-    """Bridge 0.6's own perf `ConfigContainer` for ``recipe``, its model read from ``recipe.hf_config``."""
+    """Bridge 0.6's own perf `ConfigContainer` for ``recipe``, its model read offline (`recipe_hf_config`)."""
     function = perf_recipe_function(recipe)
-    if recipe.hf_config is None:
-        raise ValueError(missing_hf_config_message(recipe.model.name))
-    with local_hf_config(HF_MODEL_IDS[recipe.model.name], recipe.hf_config):
+    with recipe_hf_config(recipe):
         return function()
 
 

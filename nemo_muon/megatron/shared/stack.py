@@ -157,18 +157,19 @@ MBRIDGE = "megatron-bridge"
 
 def check_recipe_bridge(recipe, bridge_version: str, *, where: str) -> None:  # noqa: ANN001 - import-free
     """Refuse a megatron recipe that the Bridge ``bridge_version`` cannot build (its generation has no base container,
-    `nemo_muon.megatron.generations`), naming the release, the component and the fix; on Bridge >= 0.4 the recipe
-    must name ``hf_config``."""
-    from nemo_muon.megatron.bridge.hf_config import missing_hf_config_message
+    `nemo_muon.megatron.generations`), naming the release, the component and the fix, or whose model has no Hugging
+    Face config to read (neither ``hf_config`` nor one nemo-muon ships: `nemo_muon.megatron.bridge.hf_config`)."""
+    from nemo_muon.megatron.bridge.hf_config import hf_config_folder
     from nemo_muon.megatron.generations import bridge_generation
 
     generation = bridge_generation(bridge_version)
     if generation.base_container is None:
         raise ValueError(f"recipe {recipe.name!r} cannot run on {where}: megatron-bridge {bridge_version} "
                          f"({generation.releases}) {generation.refusal}")
-    if generation.engine_entry == "provide" and recipe.hf_config is None:
-        raise ValueError(f"recipe {recipe.name!r} on {where} (megatron-bridge {bridge_version}): "
-                         f"{missing_hf_config_message(recipe.model.name)}")
+    try:
+        hf_config_folder(recipe)
+    except ValueError as e:
+        raise ValueError(f"recipe {recipe.name!r} on {where} (megatron-bridge {bridge_version}): {e}") from None
 
 
 def target_bridge() -> tuple[str, str]:
