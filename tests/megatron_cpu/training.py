@@ -15,6 +15,7 @@ parallel state, its teardown), and gets its model and optimizer from `replica`; 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import time
@@ -469,22 +470,25 @@ def lockstep_engines(rank: int, world_size: int, group: Any, spec_name: str, ste
 
 
 def matrix_optimizer_against_single_process(rank: int, world_size: int, group: Any, spec_name: str,
-                                            optimizer_name: str, steps: int,
-                                            fields: dict[str, Any] | None = None) -> dict[str, Any]:
+                                            optimizer_name: str, steps: int, fields: dict[str, Any] | None = None,
+                                            reference_kwargs: dict[str, Any] | None = None,
+                                            ep: int = 1) -> dict[str, Any]:
     """Our matrix optimizer ``optimizer_name`` inside Megatron's layer-wise optimizer (engine nemo_muon) beside a
     single-process copy of it (the same class and keyword arguments, `engine_kwargs`, TP = 1) over fp32 copies of the
     matrices this DP rank owns, fed the same DP-reduced gradients each step (Megatron's ``main_grad``, what its
     wrapper hands our optimizer). ``fields``: the optimizer config's, set over the harness's. Returns per step the
     largest |difference| between Megatron's fp32 masters and the reference's parameters, and the largest |value|; and
-    the hyperparameters the optimizer Megatron built holds."""
+    the hyperparameters the optimizer Megatron built holds. ``reference_kwargs``: set over the reference's keyword
+    arguments (``{"batch_ns": False}``: Muon one matrix at a time against Megatron's default, stacked); ``ep``: expert
+    parallelism (expert-DP = world / ep); ``stacked``: the most matrices of one shape this rank owns."""
     import torch
 
     from nemo_muon.megatron.shared.engine import engine_class_of, engine_kwargs, ours_in
     from nemo_muon.registry import spec_for
 
-    with megatron_parallel() as parallel_state:
+    with megatron_parallel(**({"expert_model_parallel_size": ep} if ep > 1 else {})) as parallel_state:
         opt = dataclasses.replace(optimizer_config(optimizer_name), **fields) if fields else None
-        run = replica(spec_name, optimizer_name, opt=opt)
+        run = replica(spec_name, optimizer_name, opt=opt, **({"ep": ep} if ep > 1 else {}))
         spec, opt, ddp_model, optimizer, megatron_config = (run.spec, run.opt, run.ddp_model, run.optimizer,
                                                             run.optimizer_config)
         pgs, config_clip = run.pgs, megatron_config.clip_grad
@@ -493,7 +497,7 @@ def matrix_optimizer_against_single_process(rank: int, world_size: int, group: A
         owned = sorted(masters)
         copies = [masters[n][0].detach().clone() for n in owned]
         kwargs = {**engine_kwargs(opt, megatron_config, [ddp_model], pgs), "tp_group": None,
-                  "param_names": {id(c): n for n, c in zip(owned, copies, strict=True)}}
+                  "param_names": {id(c): n for n, c in zip(owned, copies, strict=True)}, **(reference_kwargs or {})}
         reference = engine_class_of(spec_for(opt))([{"params": copies}], **kwargs)
         dp_rank = parallel_state.get_data_parallel_rank()
         per_step = []
@@ -514,8 +518,10 @@ def matrix_optimizer_against_single_process(rank: int, world_size: int, group: A
                 scale = max(float(c.abs().max()) for c in copies)
             per_step.append({"max_abs_diff": diff, "max_abs": scale})
         built = next(raw for _, raw in ours_in(optimizer))
+        shapes = collections.Counter(tuple(c.shape) for c in copies)
         return {"per_step": per_step, "owned": owned, "optimizers": _optimizer_classes(optimizer),
-                "hyperparameters": {k: v for k, v in built.defaults.items() if isinstance(v, (str, int, float))}}
+                "hyperparameters": {k: v for k, v in built.defaults.items() if isinstance(v, (str, int, float))},
+                "batch_ns": getattr(built, "batch_ns", None), "stacked": max(shapes.values(), default=0)}
 
 
 def muon_tensor_parallel_against_single_process(rank: int, world_size: int, group: Any, spec_name: str,
