@@ -15,13 +15,14 @@ STACK_STAMP := $(STACK_VENV)/.installed
 NEWEST_VENV := .venv-ngc-26.08
 NEWEST_STAMP := $(NEWEST_VENV)/.installed
 NEWEST_TESTS := tests/newest_stack
-# NGC 26.04's and 26.06's stacks (Bridge 0.4 / 0.5, Megatron-Core 0.17 / 0.18): the optimizer through provide(), the
-# recipes' refusal, and Megatron-Core's training and checkpoint resume (the rest of tests/megatron_cpu states 0.16's or
-# 0.18+'s ownership and manifest behaviour, and runs in .venv and .venv-ngc; of test_cost_layout.py the two split
-# tests of chunked stages and expert parallelism run in .venv only: the same planning code on 0.18 and 0.19).
+# NGC 26.04's and 26.06's stacks (Bridge 0.4 / 0.5, Megatron-Core 0.17 / 0.18): the optimizer through provide(), every
+# megatron recipe against the release's perf run, and Megatron-Core's training and checkpoint resume (the rest of
+# tests/megatron_cpu states 0.16's or 0.18+'s ownership and manifest behaviour, and runs in .venv and .venv-ngc; of
+# test_cost_layout.py the two split tests of chunked stages and expert parallelism run in .venv only: the same planning
+# code on 0.18 and 0.19).
 MID_RELEASES := 26.04 26.06
 MID_STAMPS := $(foreach r,$(MID_RELEASES),.venv-ngc-$(r)/.installed)
-MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provider.py test_bridge_recipes_refused.py \
+MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provider.py test_bridge_recipes_04_05.py \
 	test_install_beside_container.py test_bridge_layout.py) $(addprefix tests/megatron_cpu/test_megatron_training.py::,\
 	test_tiny_model_trains_through_megatron test_megatron_checkpoint_resume_continues_the_loss_curve \
 	test_layer_wise_checkpoint_resumes_at_another_data_parallel_size) $(addprefix tests/megatron_cpu/test_cost_layout.py::,\
@@ -106,7 +107,7 @@ test-stack: stack-venv
 
 test-newest: newest-venv
 	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS) \
-	  --ignore=$(NEWEST_TESTS)/test_bridge_recipes_refused.py
+	  --ignore=$(NEWEST_TESTS)/test_bridge_recipes_04_05.py
 	for r in $(MID_RELEASES); do OMP_NUM_THREADS=1 .venv-ngc-$$r/bin/python -m pytest $(MID_TESTS) || exit 1; done
 
 # The whole suite as an AVX2-only x86-64 CPU (AMD EPYC) computes: ATen, oneDNN and MKL kernels limited to AVX2

@@ -31,14 +31,15 @@ FOLDER_IMPORTS: dict[str, frozenset[str]] = {
     "core_016_017": SHARED,
     "core_018_plus": SHARED,
     "bridge_03": SHARED | {"bridge"},
+    "bridge_04_05": SHARED | {"bridge"},
     "bridge_04_plus": SHARED | {"bridge"},
     "bridge_05_06": SHARED | {"bridge", "core_018_plus"},  # Bridge 0.5 / 0.6 run on Megatron-Core >= 0.18 only
     "bridge_06": SHARED | {"bridge"},
     "nemo2": SHARED,  # NeMo 2.7 (NGC 26.02): the optimizer modules over the shared build
 }
 """Folder (or top-level module) of nemo_muon/megatron -> the folders it may import besides its own."""
-GENERATION_FOLDERS = {row.name for row in CORE_GENERATIONS} | {"bridge_03", "bridge_04_plus", "bridge_05_06",
-                                                                 "bridge_06"}
+GENERATION_FOLDERS = {row.name for row in CORE_GENERATIONS} | {"bridge_03", "bridge_04_05", "bridge_04_plus",
+                                                                 "bridge_05_06", "bridge_06"}
 
 
 def _folder(module: str) -> str | None:

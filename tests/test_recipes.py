@@ -215,17 +215,21 @@ def test_every_megatron_recipe_is_a_consistent_layout_on_the_system_its_name_say
 
 
 def test_recipes_doc_lists_the_deliberate_differences_from_bridge():
-    """docs/recipes.md prints both generations' tables of deliberate differences, row for row."""
+    """docs/recipes.md prints every generation's table of deliberate differences, row for row (Bridge 0.3, 0.4, 0.5,
+    0.6)."""
     from pathlib import Path
 
     from nemo_muon.megatron.bridge_03.library_recipe import DELIBERATE_DIFFERENCES
+    from nemo_muon.megatron.bridge_04_05.library_recipe import DELIBERATE_DIFFERENCES_04, DELIBERATE_DIFFERENCES_05
     from nemo_muon.megatron.bridge_06.perf_recipes import DELIBERATE_DIFFERENCES_06
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "recipes.md").read_text()
     table_03 = ["| field | Bridge's perf scripts | ours | why |", "|---|---|---|---|"]
     table_03 += [f"| `{d.field}` | {d.bridge} | {d.ours} | {d.why} |" for d in DELIBERATE_DIFFERENCES]
-    table_06 = ["| fields | Bridge 0.6's perf recipe | ours | why |", "|---|---|---|---|"]
-    table_06 += [f"| {', '.join(f'`{f}`' for f in d.fields)} | {d.bridge} | {d.ours} | {d.why} |"
-                 for d in DELIBERATE_DIFFERENCES_06]
     assert "\n".join(table_03) + "\n" in doc
-    assert "\n".join(table_06) + "\n" in doc
+    for header, rows in (("Bridge 0.4.2's perf run", DELIBERATE_DIFFERENCES_04),
+                         ("Bridge 0.5.1's perf run", DELIBERATE_DIFFERENCES_05),
+                         ("Bridge 0.6's perf recipe", DELIBERATE_DIFFERENCES_06)):
+        table = [f"| fields | {header} | ours | why |", "|---|---|---|---|"]
+        table += [f"| {', '.join(f'`{f}`' for f in d.fields)} | {d.bridge} | {d.ours} | {d.why} |" for d in rows]
+        assert "\n".join(table) + "\n" in doc, header

@@ -27,7 +27,7 @@ import importlib
 from typing import Any
 
 SUBMODULES: tuple[str, ...] = ("generations", "nemo2", "shared", "core_016_017", "core_018_plus", "bridge",
-                               "bridge_03", "bridge_04_plus", "bridge_05_06", "bridge_06")
+                               "bridge_03", "bridge_04_05", "bridge_04_plus", "bridge_05_06", "bridge_06")
 
 
 def __getattr__(name: str) -> Any:

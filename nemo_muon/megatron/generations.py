@@ -13,8 +13,10 @@ Megatron-Core 0.16-0.17   26.02, 26.04        ``core_016_017``: our optimizer as
 Megatron-Core >= 0.18     26.06, 26.08        ``core_018_plus``: the emerging-optimizer registry; DDP on the
                                               cost layout
 Megatron-Bridge 0.3       26.02               ``bridge_03``: library recipe + perf-script fields; engine hook
-Megatron-Bridge 0.4       26.04               ``bridge_04_plus``: engine through ``provide()``
-Megatron-Bridge 0.5       26.06               ``bridge_04_plus`` + ``bridge_05_06``: the cost layout in Bridge's wrap
+Megatron-Bridge 0.4       26.04               ``bridge_04_05``: library recipe + perf-script fields; ``bridge_04_plus``:
+                                              engine through ``provide()``
+Megatron-Bridge 0.5       26.06               ``bridge_04_05`` + ``bridge_04_plus`` + ``bridge_05_06``: the cost
+                                              layout in Bridge's wrap
 Megatron-Bridge 0.6       26.08               ``bridge_04_plus`` + ``bridge_05_06`` + ``bridge_06``: perf recipes
 ========================  ==================  =================================================================
 """
@@ -54,9 +56,8 @@ class BridgeGeneration:
 
     minor: Minor
     releases: str
-    base_container: str | None
-    """``(recipe) -> ConfigContainer``: the container a recipe starts from (ours are set on top); None: this Bridge
-    keeps its perf configs outside the wheel, so its recipes are refused (`refusal` says why)."""
+    base_container: str
+    """``(recipe) -> ConfigContainer``: the container a recipe starts from (ours are set on top)."""
     engine_entry: str
     """How engine 'nemo_muon' enters Bridge's optimizer setup: ``"hook"`` (`install_engine` before ``pretrain``) or
     ``"provide"`` (``ConfigContainer.optimizer`` is ours, `engine_optimizer_config`)."""
@@ -67,7 +68,6 @@ class BridgeGeneration:
     cost_layout: str | None = None
     """``(model_config, ours) -> planner``: DDP of Bridge's own model setup on the cost layout; None: the legacy
     layer-wise path (all-reduce, uneven all-gather)."""
-    refusal: str = ""
 
 
 CORE_016_017 = "core_016_017"
@@ -80,15 +80,13 @@ CORE_GENERATIONS: tuple[CoreGeneration, ...] = (
 )
 _PROVIDE = "nemo_muon.megatron.bridge_04_plus.provider:engine_optimizer_config"
 _LAYOUT = "nemo_muon.megatron.bridge_05_06.layout:install"
-_OUTSIDE_WHEEL = ("ships its perf configs outside the wheel, and nemo-muon builds megatron recipes on Bridge 0.3 "
-                  "(nemo:26.02) and 0.6 (nemo:26.08); fix: use the nemo:26.08 or nemo:26.02 container")
+_LIBRARY_04_05 = "nemo_muon.megatron.bridge_04_05.library_recipe:library_recipe_container"
 BRIDGE_GENERATIONS: tuple[BridgeGeneration, ...] = (
     BridgeGeneration((0, 3), "NGC 26.02", "nemo_muon.megatron.bridge_03.library_recipe:library_recipe_container",
                      "hook", install_engine="nemo_muon.megatron.bridge_03.hook:install"),
-    BridgeGeneration((0, 4), "NGC 26.04", None, "provide", engine_optimizer_config=_PROVIDE,
-                     refusal=_OUTSIDE_WHEEL),
-    BridgeGeneration((0, 5), "NGC 26.06", None, "provide", engine_optimizer_config=_PROVIDE, cost_layout=_LAYOUT,
-                     refusal=_OUTSIDE_WHEEL),
+    BridgeGeneration((0, 4), "NGC 26.04", _LIBRARY_04_05, "provide", engine_optimizer_config=_PROVIDE),
+    BridgeGeneration((0, 5), "NGC 26.06", _LIBRARY_04_05, "provide", engine_optimizer_config=_PROVIDE,
+                     cost_layout=_LAYOUT),
     BridgeGeneration((0, 6), "NGC 26.08", "nemo_muon.megatron.bridge_06.perf_recipes:perf_recipe_container",
                      "provide", engine_optimizer_config=_PROVIDE, cost_layout=_LAYOUT),
 )

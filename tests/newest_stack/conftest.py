@@ -1,7 +1,7 @@
 """The fixtures of the Bridge >= 0.4 environments (`make test-newest`): NGC 26.08's stack (`.venv-ngc-26.08`, every
-test here but the refusal of Bridge 0.4 / 0.5) and NGC 26.04's and 26.06's (`.venv-ngc-26.04`, `.venv-ngc-26.06`: the
-optimizer tests and the recipes' refusal). Refuse to run elsewhere; Bridge imported behind the TE stub; an offline HF
-cache (set up before collection)."""
+test here but Bridge 0.4 / 0.5's recipes) and NGC 26.04's and 26.06's (`.venv-ngc-26.04`, `.venv-ngc-26.06`: the
+optimizer tests and their recipes, the Makefile's MID_TESTS). Refuse to run elsewhere; Bridge imported behind the TE
+stub; an offline HF cache (set up before collection)."""
 
 from __future__ import annotations
 

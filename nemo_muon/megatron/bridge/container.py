@@ -6,8 +6,10 @@ The container-stack test environments build every megatron recipe's real `Config
 `build_config_container` and `pretrain` import Bridge lazily:
 
 1. the installed Bridge generation's base (`nemo_muon.megatron.generations.BridgeGeneration.base_container`):
-   Bridge 0.3's library recipe with its perf scripts' fields (`nemo_muon.megatron.bridge_03.library_recipe`),
-   Bridge 0.6's own perf recipe (`nemo_muon.megatron.bridge_06.perf_recipes`); Bridge 0.4 / 0.5 are refused;
+   the library recipe with the release's perf-script fields mirrored as data on Bridge 0.3
+   (`nemo_muon.megatron.bridge_03.library_recipe`) and 0.4 / 0.5 (`nemo_muon.megatron.bridge_04_05.library_recipe`),
+   Bridge 0.6's own perf recipe (`nemo_muon.megatron.bridge_06.perf_recipes`); the model read offline from the
+   Hugging Face config nemo-muon ships, or ``recipe.hf_config`` (`nemo_muon.megatron.bridge.hf_config`);
 2. our layout, batch, schedule, data, checkpoint and logging settings (`bridge_field_overrides`) are set field by
    field (a field the installed Bridge lacks raises; nothing is dropped); where ours differ on purpose from the base
    the field is in that generation's deliberate-differences table (docs/recipes.md prints them);
@@ -111,6 +113,23 @@ class DeliberateDifference:
     why: str
 
 
+@dataclass(frozen=True)
+class DeliberateFields:
+    """Fields where our `ConfigContainer` differs on purpose from what a Bridge release's perf run sets (Bridge >= 0.4;
+    docs/recipes.md prints each release's table)."""
+
+    fields: tuple[str, ...]
+    """``section.field`` names this row covers (the newest-stack tests compare every field of both containers)."""
+    bridge: str
+    ours: str
+    why: str
+
+
+SAME_LAYOUT_ON_EVERY_RELEASE = ("one recipe name runs one layout on every release, so a comparison across containers "
+                                "changes the software only (the 26.02 preset, Bridge r0.3's workload configs)")
+"""Why a recipe keeps its layout and batch where a later release's perf preset changed them (Bridge >= 0.4 tables)."""
+
+
 def bridge_field_overrides(recipe: TrainingRecipe, *, cost_layout: bool = False) -> dict[str, dict[str, Any]]:
     """ConfigContainer section -> {field: value} set on top of the generation's base container (optimizer excluded):
     where ours differ from what the base set, the field is in that generation's deliberate differences.
@@ -211,7 +230,7 @@ def config_container(recipe: TrainingRecipe) -> Any:
     """The `ConfigContainer` alone, without asking whether the installed optimizer stack can build the optimizer it
     names (`build_config_container` asks first; this is what it builds, and what the config tests validate)."""
     recipe.validate()
-    # the rule every entry point applies before launch: Bridge 0.4 / 0.5 refused, hf_config required from 0.4
+    # the rule every entry point applies before launch: a Bridge with a base, a Hugging Face config to read
     check_recipe_bridge(recipe, importlib.metadata.version("megatron-bridge"), where="the installed stack")
     check_supported(recipe)
     container = entry(installed_bridge_generation().base_container)(recipe)

@@ -17,10 +17,10 @@ duration of the call and restored after; nothing else). Torch-free until a funct
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import Any
 
 from nemo_muon._validation import check_choice
+from nemo_muon.megatron.bridge.container import SAME_LAYOUT_ON_EVERY_RELEASE, DeliberateFields
 from nemo_muon.megatron.bridge.hf_config import recipe_hf_config
 
 PERF_RECIPE_MODULES: dict[str, str] = {
@@ -70,21 +70,8 @@ def perf_recipe_container(recipe: Any) -> Any:
         return function()
 
 
-@dataclass(frozen=True)
-class DeliberateDifference06:
-    """Fields where our `ConfigContainer` differs from Bridge 0.6's perf recipe on purpose (docs/recipes.md)."""
-
-    fields: tuple[str, ...]
-    """``section.field`` names this row covers (tests/newest_stack compares every field of both containers)."""
-    bridge: str
-    ours: str
-    why: str
-
-
-_SAME_LAYOUT_ON_EVERY_RELEASE = ("one recipe name runs one layout on every release, so a comparison across containers "
-                                 "changes the software only (the 26.02 preset, Bridge r0.3's workload configs)")
-DELIBERATE_DIFFERENCES_06: tuple[DeliberateDifference06, ...] = (
-    DeliberateDifference06(
+DELIBERATE_DIFFERENCES_06: tuple[DeliberateFields, ...] = (
+    DeliberateFields(
         ("optimizer.optimizer", "optimizer.use_layer_wise_distributed_optimizer", "optimizer.use_distributed_optimizer",
          "ddp.use_distributed_optimizer", "ddp.overlap_param_gather", "optimizer.adam_eps", "optimizer.muon_nesterov",
          "optimizer.engine_config"),
@@ -96,41 +83,41 @@ DELIBERATE_DIFFERENCES_06: tuple[DeliberateDifference06, ...] = (
         "optimizer (eps 1e-5 for Qwen3, the 26.02 library recipe's)",
         "Muon, SOAP and AdamW run on the same model and layout to compare optimizers; the muon_* fields of a "
         "non-Muon config keep Megatron's defaults, which nothing reads"),
-    DeliberateDifference06(
+    DeliberateFields(
         ("mixed_precision.fp8_param", "mixed_precision.fp8_param_gather",
          "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag"),
         "True / True / True for Qwen3-30B-A3B (Adam, MXFP8)", "False / False / False with Muon or SOAP",
         "Bridge's own workaround in its Kimi K2 Muon recipe: MXFP8's param all-gather needs the distributed "
         "optimizer, not the layer-wise one"),
-    DeliberateDifference06(
+    DeliberateFields(
         ("optimizer.muon_tp_mode",), "blockwise", "duplicated",
         "updates independent of the TP size (identical at TP=1, where the GB300 recipes run)"),
-    DeliberateDifference06(
+    DeliberateFields(
         ("optimizer.adam_beta2",), "0.999 (Megatron-Core's default; Bridge's Muon helper does not set it)", "0.95",
         "the same betas as the AdamW baseline of the same model, so the comparison changes only the matrix updates"),
-    DeliberateDifference06(
+    DeliberateFields(
         ("scheduler.start_weight_decay", "scheduler.end_weight_decay"),
         "0.033 (overwrites optimizer.weight_decay 0.1 every step)", "optimizer.weight_decay (0.1)",
         "the weight decay a recipe states is the one applied"),
-    DeliberateDifference06(
+    DeliberateFields(
         ("ddp.check_for_nan_in_grad", "rerun_state_machine.check_for_nan_in_loss"), "False / False",
         "True / True with optimizer.nonfinite='raise' (the loss check False under a full-iteration CUDA graph, "
         "which Bridge refuses beside it); False / False with 'skip'",
         "a diverged run stops at the step it diverges (DDP's gradient check alone inside a full-iteration graph); "
         "with 'skip' (engine nemo_muon) the global gradient norm skips the step on every rank"),
-    DeliberateDifference06(
+    DeliberateFields(
         ("checkpoint.save_interval", "checkpoint.load"), "2000 / <cwd>/nemo_experiments/default/checkpoints",
         "recipe.checkpoint.save_interval (None when 0) / recipe.checkpoint.dir when resume, else None",
         "no stray load path; saving is the recipe's choice"),
-    DeliberateDifference06(
+    DeliberateFields(
         ("model.qk_clip",), "False", "recipe.qk_clip: True in kimi_k2_muon_qk_clip only",
         "that recipe measures MuonClip; the others keep False"),
-    DeliberateDifference06(
-        ("train.micro_batch_size",), "4 for Qwen3-30B-A3B on 8 B200", "1", _SAME_LAYOUT_ON_EVERY_RELEASE),
-    DeliberateDifference06(
+    DeliberateFields(
+        ("train.micro_batch_size",), "4 for Qwen3-30B-A3B on 8 B200", "1", SAME_LAYOUT_ON_EVERY_RELEASE),
+    DeliberateFields(
         ("model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size",
          "model.expert_model_parallel_size"),
-        "Qwen3-30B-A3B on 16 H100: PP1, EP16", "PP2 VP12 EP8", _SAME_LAYOUT_ON_EVERY_RELEASE),
+        "Qwen3-30B-A3B on 16 H100: PP1, EP16", "PP2 VP12 EP8", SAME_LAYOUT_ON_EVERY_RELEASE),
 )
 
 

@@ -156,16 +156,13 @@ MBRIDGE = "megatron-bridge"
 
 
 def check_recipe_bridge(recipe, bridge_version: str, *, where: str) -> None:  # noqa: ANN001 - import-free
-    """Refuse a megatron recipe that the Bridge ``bridge_version`` cannot build (its generation has no base container,
-    `nemo_muon.megatron.generations`), naming the release, the component and the fix, or whose model has no Hugging
-    Face config to read (neither ``hf_config`` nor one nemo-muon ships: `nemo_muon.megatron.bridge.hf_config`)."""
+    """Refuse a megatron recipe that the Bridge ``bridge_version`` cannot build, naming the release, the component and
+    the field: a Bridge without a generation (`nemo_muon.megatron.generations`), or a model without a Hugging Face
+    config to read (neither ``hf_config`` nor one nemo-muon ships: `nemo_muon.megatron.bridge.hf_config`)."""
     from nemo_muon.megatron.bridge.hf_config import hf_config_folder
     from nemo_muon.megatron.generations import bridge_generation
 
-    generation = bridge_generation(bridge_version)
-    if generation.base_container is None:
-        raise ValueError(f"recipe {recipe.name!r} cannot run on {where}: megatron-bridge {bridge_version} "
-                         f"({generation.releases}) {generation.refusal}")
+    bridge_generation(bridge_version)
     try:
         hf_config_folder(recipe)
     except ValueError as e:
