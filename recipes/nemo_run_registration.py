@@ -17,7 +17,9 @@ Overrides use NeMo-Run's syntax but are parsed by `nemo_muon.recipes.overrides` 
 ``trainer.max_steps=100``): a bad key or value exits non-zero with one line listing what is valid. A secret on the
 command line (``env.HF_TOKEN=...``, ``run.executor.env_vars={'WANDB_API_KEY': ...}``, a URL with a password) is
 refused before NeMo-Run prints or records anything, with `nemo-muon launch`'s message: export it instead. ``--dryrun``
-prints the fully resolved recipe (and the executor's launch plan); nothing needs a GPU, Bridge or TE.
+prints the fully resolved recipe (and the executor's launch plan); nothing needs a GPU, Bridge or TE (where
+Megatron-Core is installed without TE / Apex, its fallback warnings are one line:
+`nemo_muon.megatron.shared.fallback_warnings`).
 The ``llm`` namespace needs an entry point named ``llm`` in the ``nemo_run.cli`` group pointing here (NeMo-Run only
 builds a namespace's commands when the first CLI word is an entry-point name).
 """
@@ -46,7 +48,12 @@ from nemo_muon.recipes.resolved import to_document
 from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, catalogue
 from nemo_run.config import get_type_namespace
 
+from nemo_muon.megatron.shared.fallback_warnings import collapse_fallback_warnings
 from nemo_muon.secret_policy import is_secret_name, is_secret_value, override_refusal, python_strings, shown_redacted
+
+# NeMo-Run imports every nemo_run.cli entry point (Bridge's `lm` imports Megatron-Core): where TE / Apex are absent,
+# Megatron's dozen fallback warnings and Bridge's logged import tracebacks become one line (for imports after this one)
+collapse_fallback_warnings()
 
 ENTRY_POINT_GROUP = "nemo_run.cli"
 OWN_MODULE_PREFIX = "nemo_muon."

@@ -51,6 +51,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "accounting.layout",  # the layout every recipe is validated against
         "accounting.ns_split",  # the split target a recipe ships (DEFAULT_BALANCE_TARGET)
         "megatron.bridge.perf_presets", "megatron.shared.optimizer_config",  # Bridge's presets, Megatron's Muon defaults
+        "megatron.shared.fallback_warnings",  # the NeMo-Run entry point: Megatron's absent-TE warnings as one line
         "megatron.bridge.container", "megatron.nemo2", "train.pretrain",  # the backends' entry points (called lazily)
         "train.refusals",  # a rank's refusal printed once (nemo_run_task, what NeMo-Run's ranks call)
     },

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
+import re
+import subprocess
+import sys
 
 from nemo_muon.megatron.bridge.hf_config import SHIPPED_HF_CONFIGS
 from tests.newest_stack.conftest import stack_release
@@ -60,3 +64,17 @@ def test_tiny_recipe_trains_through_the_local_executor(llm_entry_point_path, tmp
     steps = [e for e in events if e["event"] == "train"]
     assert [e["step"] for e in steps] == [1, 2] and all(e["loss"] == e["loss"] for e in steps)  # not NaN
 
+
+def test_megatrons_absent_te_and_apex_warnings_are_one_line_from_our_entry_point_on():
+    """NeMo-Run imports every nemo_run.cli entry point, and Bridge's ``lm`` (``megatron.bridge``) imports Megatron-Core:
+    without TE / Apex that printed a dozen fallback warnings and two logged tracebacks before `nemo llm pretrain
+    --dryrun`'s plan. Imported after ours (as NeMo-Run does where our entry point is listed first), one line."""
+    from nemo_muon.megatron.shared.fallback_warnings import fallback_line
+
+    code = ("import nemo_muon.recipes.nemo_run_registration\n"
+            "try:\n    import megatron.bridge\nexcept ModuleNotFoundError as e:\n    print('lm:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if not re.match(r"W\d{4} ", line)]  # torch's no-CUDA log
+    assert lines == [fallback_line(["Transformer Engine", "Apex"])]
