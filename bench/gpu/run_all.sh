@@ -17,10 +17,10 @@ PY=${PYTHON:-python3}
 # Timeouts sum to 450 s, plus at most 5 s per kill; a minute of margin for the install and the tool.
 STEPS="doctor_gpu|45|$PY bench/gpu/doctor_gpu.py
 layerwise_nccl|90|$PY -m torch.distributed.run --standalone --nproc-per-node 1 bench/gpu/layerwise_nccl.py --steps 5 --dim 1024
-megatron_tiny|120|$PY bench/gpu/megatron_tiny.py --spec tiny_kimi_k2 --optimizer muon --steps 10
+megatron_tiny|100|$PY bench/gpu/megatron_tiny.py --spec tiny_kimi_k2 --optimizer muon --steps 10
 owner_pack|30|$PY -m torch.distributed.run --standalone --nproc-per-node 1 bench/gpu/owner_pack.py --reps 20
-step_time_ns|40|$PY bench/gpu/step_time_ns.py --reps 3
-ns_syrk|125|$PY bench/gpu/ns_syrk.py --reps 3"
+step_time_ns|100|$PY bench/gpu/step_time_ns.py --reps 3
+ns_syrk|85|$PY bench/gpu/ns_syrk.py --reps 3"
 
 if [ -n "${GPU_RUN_STEPS:-}" ]; then
   STEPS=$GPU_RUN_STEPS
