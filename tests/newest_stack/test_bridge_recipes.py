@@ -169,3 +169,12 @@ def test_the_local_config_is_used_only_while_the_recipe_builds(bridge, hf_config
             load_weights=False)
     assert provider.num_moe_experts == 128 and provider.num_layers == 48
     assert AutoBridge.__dict__["from_hf_pretrained"] is before
+
+
+def test_an_indexed_corpus_is_the_datasets_blend(bridge, hf_configs):
+    """data.kind=indexed reads the recipe's corpus (was: Bridge 0.6's perf recipe's mock data, the path ignored)."""
+    from nemo_muon.megatron.bridge.container import config_container
+
+    recipe = _recipe("kimi_k2_adamw", hf_configs, "data.kind=indexed", "data.path=/data/corpus_text_document")
+    with target_machine(recipe.system.gpu, TE_VERSION):
+        assert config_container(recipe).dataset.blend == (["/data/corpus_text_document"], None)

@@ -123,3 +123,13 @@ def test_a_system_without_a_perf_workload_of_the_release_is_refused_naming_those
                                                                                num_nodes=2))
     with pytest.raises(ValueError, match=r"Megatron-Bridge 0\.[45] perf workloads.*got \('qwen3_30b_a3b', 'h200'\)"):
         config_container(recipe)
+
+
+def test_an_indexed_corpus_is_the_datasets_blend(recipes_importable):
+    """data.kind=indexed reads the recipe's corpus (the library recipe of Bridge >= 0.4 takes no data argument)."""
+    from nemo_muon.megatron.bridge.container import config_container
+
+    recipe = build_recipe("qwen3_30b_a3b_muon", ["data.kind=indexed", "data.path=/data/corpus_text_document"])
+    with target_machine(recipe.system.gpu, stack_release().transformer_engine):
+        dataset = config_container(recipe).dataset
+    assert (dataset.blend, dataset.split) == ((["/data/corpus_text_document"], None), "9999,8,2")

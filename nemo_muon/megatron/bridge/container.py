@@ -178,7 +178,10 @@ def bridge_field_overrides(recipe: TrainingRecipe, *, cost_layout: bool = False)
     # layer-wise path gathers after the step
     merge("ddp", {**ddp, "overlap_param_gather": ddp["use_distributed_optimizer"]})
     merge("rerun_state_machine", {"check_for_nan_in_loss": ddp["check_for_nan_in_grad"]})
-    merge("dataset", {"sequence_length": tr.seq_length})
+    dataset: dict[str, Any] = {"sequence_length": tr.seq_length}
+    if recipe.data.kind == "indexed":  # Megatron's blend of one prefix: what Bridge 0.3's library recipe builds from
+        dataset["blend"] = ([recipe.data.path], None)  # data_paths; the bases of 0.4 onwards take no data argument
+    merge("dataset", dataset)
     merge("checkpoint", {
         # stated, not inherited: every save its own iter_<n> folder; the layer-wise optimizer's torch-format file
         # outside it is Megatron-Bridge #2307 (docs/megatron_cpu.md, "What a checkpoint guarantees")

@@ -116,12 +116,15 @@ COMMON_FIELDS: dict[str, dict[str, Any]] = {
 }
 """Fields every perf run sets after its workload preset."""
 RUN_FIELDS: dict[str, dict[str, Any]] = {
-    # perf_plugins.py PerfEnvPlugin: Hydra overrides train.manual_gc=true train.manual_gc_interval=100;
-    # utils/overrides.py set_user_overrides --data mock: utils/datasets.py create_mock_dataset_config's split
+    # perf_plugins.py PerfEnvPlugin: Hydra overrides train.manual_gc=true train.manual_gc_interval=100
     "train": {"manual_gc": True, "manual_gc_interval": 100},
-    "dataset": {"split": "99990,8,2"},
 }
 """Fields ``run_script.py`` sets after the builder (its options at their defaults)."""
+MOCK_DATA_FIELDS: dict[str, dict[str, Any]] = {
+    # utils/overrides.py set_user_overrides --data mock: utils/datasets.py create_mock_dataset_config's split (a real
+    # corpus keeps the library's, as get_blend_fields_from_data_paths gives it)
+    "dataset": {"split": "99990,8,2"},
+}
 MODEL_FIELDS: dict[str, dict[str, dict[str, Any]]] = {
     # configs/kimi/kimi_llm_pretrain.py set_kimi_k2_common_configs
     "kimi_k2": {
@@ -204,6 +207,8 @@ def perf_script_fields(recipe: Any, minor: Minor, *, base_optimizer: str) -> dic
     elif minor >= BRIDGE_05 and precision == "mxfp8" and w.cuda_graph_impl == "full_iteration":
         fields["model"].update(FULL_ITERATION_MOE_FIELDS)
     put(RUN_FIELDS)
+    if recipe.data.kind == "mock":
+        put(MOCK_DATA_FIELDS)
     if minor >= BRIDGE_05:  # set_user_overrides repeats the CUDA-graph step without options
         _cuda_graph_fields(fields, minor, None, None)
     return {section: values for section, values in fields.items() if values}
