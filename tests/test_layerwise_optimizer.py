@@ -267,6 +267,10 @@ def _misc_body(rank: int, world: int, group: Any) -> dict[str, Any]:
     model = ExpertLM(experts=(rank % 2,))
     opt = WholeTensorOptimizer(model, cfg, dp_group=group, expert_dp_group=expert_groups[rank % 2],
                                         bucket_size_mb=BUCKET_MB)
+    # one matrix at a time, as the reference: what is compared bitwise is the expert-DP reduction, not the batched
+    # GEMMs' summation order (test_matches_single_process_optimizer bounds the batched path)
+    assert opt.inner.batch_ns
+    opt.inner.batch_ns = False
     train_experts(model, opt, STEPS, rank, world)
     out["experts"] = params_of(model)
     out["expert_owned"] = [n for n in opt.owned_names if ".experts." in n]

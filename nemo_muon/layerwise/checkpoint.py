@@ -326,18 +326,36 @@ def _check_params(params: Any, model: torch.nn.Module, f: Path) -> None:
                                   f"manifest's); got {got}; move the folder aside")
 
 
+_QUOTED_CHARS = 60
+"""Longest rendering of one value read from a manifest in a refusal (names, shapes, dtypes: a file may hold any)."""
+
+
+def _quoted(value: Any) -> str:
+    """A manifest's ``value`` in a refusal: its repr on one line, cut to `_QUOTED_CHARS` (marked with '...')."""
+    text = " ".join(shown(value).split())
+    return text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "..."
+
+
+def _listed(items: list[str], most: int = 10) -> str:
+    """The first ``most`` of ``items`` in brackets, then how many more there are."""
+    more = f", ... {len(items) - most} more" if len(items) > most else ""
+    return "[" + ", ".join(items[:most]) + more + "]"
+
+
 def _check_same_model(model: torch.nn.Module, manifest: dict[str, Any], path: Path) -> None:
     mine = {n: list(p.shape) for n, p in model.named_parameters()}
     saved = {n: v["shape"] for n, v in manifest["params"].items()}
     missing, unexpected = sorted(set(saved) - set(mine)), sorted(set(mine) - set(saved))
-    shapes = sorted(f"{n}: saved {saved[n]}, model {mine[n]}" for n in set(mine) & set(saved) if mine[n] != saved[n])
+    shapes = sorted(f"{n}: saved {_quoted(saved[n])}, model {mine[n]}" for n in set(mine) & set(saved)
+                    if mine[n] != saved[n])
     dtypes = {n: str(p.dtype) for n, p in model.named_parameters()}
-    casts = sorted(f"{n}: saved {manifest['params'][n]['dtype']}, model {dtypes[n]}" for n in set(mine) & set(saved)
-                   if dtypes[n] != manifest["params"][n]["dtype"])
+    casts = sorted(f"{n}: saved {_quoted(manifest['params'][n]['dtype'])}, model {dtypes[n]}"
+                   for n in set(mine) & set(saved) if dtypes[n] != manifest["params"][n]["dtype"])
     if missing or unexpected or shapes or casts:
-        raise CheckpointError(f"checkpoint {path} is from another model: params only in the checkpoint "
-                              f"{missing[:10]}, only in the model {unexpected[:10]}, shape differences {shapes[:10]}, "
-                              f"dtype differences {casts[:10]} (a load never casts)")
+        only_saved, only_mine = _listed([_quoted(n) for n in missing]), _listed([_quoted(n) for n in unexpected])
+        raise CheckpointError(f"checkpoint {path} is from another model: params only in the checkpoint {only_saved}, "
+                              f"only in the model {only_mine}, shape differences {_listed(shapes)}, dtype "
+                              f"differences {_listed(casts)} (a load never casts)")
 
 
 def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: WholeTensorOptimizer,
