@@ -331,15 +331,15 @@ _QUOTED_CHARS = 60
 
 
 def _quoted(value: Any) -> str:
-    """A manifest's ``value`` in a refusal: its repr on one line, cut to `_QUOTED_CHARS` (marked with '...')."""
-    text = " ".join(shown(value).split())
+    """A manifest's ``value`` in a refusal: its text on one line, cut to `_QUOTED_CHARS` (marked with '...')."""
+    text = " ".join(str(value).split())
     return text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "..."
 
 
 def _listed(items: list[str], most: int = 10) -> str:
-    """The first ``most`` of ``items`` in brackets, then how many more there are."""
+    """The first ``most`` of ``items`` as a list's repr, then how many more there are."""
     more = f", ... {len(items) - most} more" if len(items) > most else ""
-    return "[" + ", ".join(items[:most]) + more + "]"
+    return "[" + ", ".join(repr(item) for item in items[:most]) + more + "]"
 
 
 def _check_same_model(model: torch.nn.Module, manifest: dict[str, Any], path: Path) -> None:
