@@ -209,7 +209,8 @@ def newton_schulz_many(
                 tuple(x.shape[-2:]), x.dtype, x.device)
         keys.append(same if stack else i)
     runs = chunked(keys, [x.numel() * 4 for x in work], stack_bytes)
-    programs = [ns_program(_oriented(stacked([work[i] for i in run]), transposed[run[0]]), coeffs,
+    # oriented before stacking: a stack of tall matrices is copied contiguous in the orientation NS works in
+    programs = [ns_program(stacked([_oriented(work[i], transposed[i]) for i in run]), coeffs,
                            algorithm=algos[run[0]], compute_dtype=dtype) for run in runs]
     results = run_programs(programs, [reducer if modes[run[0]] == "distributed" else None for run in runs])
 
