@@ -76,6 +76,22 @@ def test_the_operator_floor_is_an_input_and_moves_only_what_launches_bound() -> 
         plan_recipe(recipe, gpu="a100", kernel_floor_us=5.0)  # no public constants for the model: never ignored
 
 
+def test_the_implementation_priced_is_an_input_and_per_matrix_costs_megatrons_launches() -> None:
+    """``implementation`` prices another Muon on the same recipe: ours one matrix at a time issues about as many
+    operators as Megatron's own (within 5%) and loses the batched path's advantage on Qwen3's many small matrices."""
+    recipe = build_recipe("qwen3_30b_a3b_muon", ["optimizer.ns_split_target=none"])
+    st = {impl: plan_recipe(recipe, model_tflops=713.0, implementation=impl)["step_time"] for impl in IMPLEMENTATIONS}
+    assert all(st[impl]["implementation"] == impl for impl in IMPLEMENTATIONS)
+    assert plan_recipe(recipe, model_tflops=713.0)["step_time"] == st["nemo_muon"]  # the recipe's engine by default
+    per_matrix, megatron = st["nemo_muon_per_matrix"]["launches_per_step_max"], st["megatron"]["launches_per_step_max"]
+    assert abs(per_matrix - megatron) <= 0.05 * megatron
+    assert 10 * st["nemo_muon"]["launches_per_step_max"] <= per_matrix
+    assert (st["nemo_muon"]["throughput_ratio"]["muon_all_reduce"]
+            > st["nemo_muon_per_matrix"]["throughput_ratio"]["muon_all_reduce"])
+    with pytest.raises(ValueError, match=r"implementation must be one of \('megatron', .*\); got 'fast'"):
+        plan_recipe(recipe, implementation="fast")
+
+
 def _matrices(shape: tuple[int, int], count: int) -> list[torch.nn.Parameter]:
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(*shape)) for _ in range(count)]

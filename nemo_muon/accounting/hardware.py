@@ -1,7 +1,10 @@
 """Public hardware constants of the GPUs the step-time model prices (torch-free).
 
-Each figure is a vendor specification, named with its source; nothing here is fitted to a measured run. Peaks come
-from ``gpu_peaks`` (dense tensor-core TFLOP/s per precision); this table adds what moves bytes:
+Each GPU figure is a vendor specification, named with its source; two constants are the same for every GPU and are
+assumptions, chosen, not measured here: the operator floor (``KERNEL_FLOOR_S``) and the ring-hop latency
+(``NCCL_STEP_LATENCY_S``). docs/step_time.md lists every constant of the model with its source or "assumed", and
+how the predictions move with the floor. Peaks come from ``gpu_peaks`` (dense tensor-core TFLOP/s per precision);
+this table adds what moves bytes:
 
 - ``hbm_bytes_per_s``: HBM bandwidth of one GPU.
 - ``nvlink_bytes_per_s``: NVLink bandwidth of one GPU in one direction (vendor sheets print both directions).
@@ -24,12 +27,15 @@ from nemo_muon.accounting.gpu_peaks import gpu_peak
 
 GB = 1e9
 KERNEL_FLOOR_S = 10e-6
-"""Host time of one eager PyTorch operator on a GPU tensor: the CUDA launch alone is 3.8 us back to back (NVIDIA,
-"Getting Started with CUDA Graphs", 2019), and PyTorch's dispatch chain in front of it (Python, pybind11, autograd,
-the ATen dispatcher, the backend's algorithm choice) adds several more; 5 to 25 us in all is the range usually
-quoted. 10 us, for every GPU; docs/step_time.md shows how the predictions move at 5 and 25 us."""
+"""Assumed: host time of one eager PyTorch operator on a GPU tensor. Only its lower bound is a published figure: the
+CUDA launch alone is 3.8 us back to back (NVIDIA, "Getting Started with CUDA Graphs", 2019); PyTorch's dispatch
+chain in front of it (Python, pybind11, autograd, the ATen dispatcher) adds an amount that depends on the host CPU,
+5 to 25 us in all being the range usually quoted. 10 us was chosen with the published GB300 points known, and
+Qwen3-30B-A3B's agreement with them holds only for a floor of about 5 to 12 us: an input (``nemo-muon plan
+--kernel-floor-us``), measured on a GPU by bench/gpu/step_time_ns.py; docs/step_time.md tabulates 3.8 to 25 us."""
 NCCL_STEP_LATENCY_S = 5e-6
-"""One ring step of an NCCL collective, of the order of the NVLink / InfiniBand hop latency (a few us)."""
+"""Assumed: one ring step of an NCCL collective, of the order of the NVLink / InfiniBand hop latency (a few us).
+No published point moves with it (docs/step_time.md)."""
 
 
 @dataclass(frozen=True)

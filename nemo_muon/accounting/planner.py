@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_muon._validation import check_choice
 from nemo_muon.accounting.gpu_peaks import gpu_peak, known_gpus, peak_precision_of, throughput
 from nemo_muon.accounting.hardware import hardware, known_hardware
 from nemo_muon.accounting.layout import Layout, validate_layout
@@ -185,16 +186,20 @@ def _optimizer_bytes(rank: _Rank, dense_numel: int, expert_numel: int, layout: L
 def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: str | None = None,
                 syrk: bool = False, step_time_s: float | None = None,
                 stage_layers: Sequence[int] | str | None = None, model_tflops: float | None = None,
-                kernel_floor_us: float | None = None) -> dict[str, Any]:
+                kernel_floor_us: float | None = None, implementation: str | None = None) -> dict[str, Any]:
     """The plan of ``recipe`` on ``world_size`` GPUs (default: the recipe's) as a JSON-ready dict.
 
     ``step_time_s`` (a measured step time) adds TFLOP/s/GPU and MFU, model-only and model + NS. ``stage_layers``
     is an explicit pipeline layout (see ``validate_layout``). ``model_tflops`` (the AdamW baseline's achieved model
     TFLOP/s/GPU) anchors the step-time model's compute (``step_time``; default: an assumed MFU);
-    ``kernel_floor_us`` is its operator floor (default: the assumed one of ``accounting.hardware``). Raises ``LayoutError`` (ValueError) naming the
+    ``kernel_floor_us`` is its operator floor (default: the assumed one of ``accounting.hardware``) and
+    ``implementation`` the Muon it prices (a key of ``step_time.IMPLEMENTATIONS``; default: the recipe engine's,
+    Megatron's own or ours as shipped, batched). Raises ``LayoutError`` (ValueError) naming the
     constraint when the layout is invalid.
     """
     layout = validate_layout(recipe, world_size, stage_layers)
+    if implementation is not None:
+        check_choice("implementation", implementation, tuple(IMPLEMENTATIONS))
     spec, opt, tr = recipe.model, recipe.optimizer, recipe.trainer
     gpu = recipe.system.gpu if gpu is None else gpu
     opt_spec = spec_for(opt)
@@ -308,7 +313,7 @@ def plan_recipe(recipe: TrainingRecipe, world_size: int | None = None, *, gpu: s
             ns_precision="bf16" if megatrons_own or not runs_ns else opt.ns_precision,
             ns_coefficients=opt.coefficients if runs_ns else "quintic",
             grad_bytes=4 if recipe.precision.kind == "fp32" else 2,
-            implementation=IMPLEMENTATIONS["megatron" if megatrons_own else "nemo_muon"],
+            implementation=IMPLEMENTATIONS[implementation or ("megatron" if megatrons_own else "nemo_muon")],
             **({"matrix_bytes_per_element": opt_spec.matrix.element_bytes} if opt_spec.matrix is not None else {}))
         out["step_time"] = predict(inputs, hardware(gpu), model_tflops=model_tflops, kernel_floor_us=kernel_floor_us)
     return out

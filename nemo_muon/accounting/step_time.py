@@ -1,9 +1,12 @@
 """Step-time model: what a step of Muon and of AdamW costs on given hardware, before launch (torch-free).
 
 Inputs are the plan's counts (``accounting.planner``: model FLOPs, the matrices each rank orthogonalizes, the
-elements it updates, the bytes it gathers) and public hardware constants (``accounting.hardware``). Nothing is fitted
-to a run; the one figure that is not a vendor constant is the model's achieved TFLOP/s/GPU, which the user gives
-(an AdamW baseline's measurement) or which defaults to ``DEFAULT_MODEL_MFU`` of the dense BF16 peak.
+elements it updates, the bytes it gathers), the operators each Muon implementation issues (counted on its real step,
+``Implementation``) and the hardware constants of ``accounting.hardware``: vendor figures with their sources, and two
+assumptions, the operator floor (an input: ``kernel_floor_us``) and the ring-hop latency. The model's achieved
+TFLOP/s/GPU is the user's (an AdamW baseline's measurement) or an assumed ``DEFAULT_MODEL_MFU`` of the dense BF16
+peak. docs/step_time.md lists every constant with its source or "assumed" and the predictions' sensitivity to the
+floor.
 
 Parts of one step, per path (docs/step_time.md has the rules and the published checks):
 
@@ -15,13 +18,14 @@ Parts of one step, per path (docs/step_time.md has the rules and the published c
 - ``param_gather_s``: the bf16 parameters a rank receives to refresh what it did not update. Megatron's distributed
   optimizer (AdamW) and the reduce-scatter layout hide it in the next forward; Megatron's legacy layer-wise path
   gathers after the step (Bridge keeps ``overlap_param_gather=False`` for it), exposed.
-- ``optimizer_s``: the busiest rank's update: element-wise passes bound by HBM bandwidth (AdamW: 30 B per element
-  it owns; the matrix optimizer's per matrix element from its registry entry, ``matrix.element_bytes``: Muon's
-  momentum and update 22 B) plus Newton–Schulz, every operator priced as
-  max(FLOPs / peak, bytes / HBM, the kernel floor), one operator per matrix (``batched=False``: Megatron's and
-  Emerging-Optimizers' loop) or per same-shape stack (``batched=True``), in the NS algorithm the implementation
-  runs on that shape (``ns_operators``); with split ownership, plus the bytes the rank sends within its blocks for
-  the split matrices (their Gram all-reduces and the update's exchange) at the block's bandwidth.
+- ``optimizer_s``: the busiest rank's update: Adam's element-wise pass over the elements it owns (30 B each, HBM
+  bound) plus every operator of the matrix update the implementation issues (``Implementation.launches``: Newton–
+  Schulz in the algorithm it runs on that shape, ``ns_operators``, the operators around each run, the element-wise
+  ones sharing the matrix optimizer's ``matrix.element_bytes`` per element, Muon's 22 B), each priced as
+  max(FLOPs / peak, bytes / HBM, the kernel floor), issued once per matrix (Megatron's and Emerging-Optimizers'
+  loop, ours with ``batch_ns=False``) or once per same-shape stack (ours as shipped); with split ownership, plus the
+  bytes the rank sends within its blocks for the split matrices (their Gram all-reduces and the update's exchange)
+  at the block's bandwidth.
 - ``step_s`` = compute + the exposed parts + optimizer; ``throughput_ratio`` = AdamW's step time / the path's.
 
 A collective's bandwidth is NVLink when its ranks share one NVLink domain, the scale-out NIC otherwise
@@ -45,13 +49,14 @@ from nemo_muon.registry.cost import FP32_BYTES
 from nemo_muon.registry.muon import MUON_MATRIX
 
 DEFAULT_MODEL_MFU = 0.40
-"""Achieved model FLOP/s as a fraction of the dense BF16 peak when the user gives no baseline (``--model-tflops``):
-an assumption, printed as such; pass the AdamW baseline's measured model TFLOP/s/GPU instead."""
+"""Assumed: achieved model FLOP/s as a fraction of the dense BF16 peak when the user gives no baseline
+(``--model-tflops``), printed as such; pass the AdamW baseline's measured model TFLOP/s/GPU instead."""
 BACKWARD_SHARE = 2.0 / 3.0
-"""Megatron's FLOP count: 4 of every 6 FLOPs per weight per token are the backward."""
+"""Derived: Megatron's FLOP count, 4 of every 6 FLOPs per weight per token are the backward."""
 ADAMW_BYTES_PER_ELEMENT = 30
-"""Adam's update: fp32 master, grad, two moments read (16 B), master and moments written (12 B), bf16 param (2 B).
-Megatron's Adam: the baseline's distributed optimizer and every matrix optimizer's element-wise part."""
+"""Derived: Adam's update reads fp32 master, grad and two moments (16 B), writes master and moments (12 B) and the
+bf16 param (2 B). Megatron's Adam: the baseline's distributed optimizer and every matrix optimizer's element-wise
+part."""
 MUON_BYTES_PER_ELEMENT = MUON_MATRIX.element_bytes
 """Muon's element-wise work per matrix element (its registry entry's ``matrix.element_bytes``): the default of
 `StepInputs.matrix_bytes_per_element`."""
