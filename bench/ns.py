@@ -6,10 +6,11 @@ dense-layer MLP, and one MoE layer of Qwen3-30B-A3B, every dimension divided by 
 that model orthogonalizes it (so Kimi K2's total is ~all routed experts, as in the real model). All three run Keller Jordan's "simple" coefficients for 5 steps (the only set
 torch.optim.Muon has), measured side by side in the same process (round-robin, best of --reps: on a shared machine
 the minimum is the time the work itself takes; single-threaded by default so other load does not skew the ratios). torch.optim.Muon's
-NS is bf16-only and 2-D only (expert stacks loop over experts); emerging-optimizers runs fp32 at "highest" and bf16 at
+NS is bf16-only and 2-D only (expert stacks loop over experts; it has no fp32 row); emerging-optimizers runs fp32 at "highest" and bf16 at
 "medium" matmul precision, batched over experts. Orthogonality: singular-value band of each result on the shape's
 first matrix. "limit": time the standard NS FLOPs (5·(4m²n + 2m³) per matrix) take at this machine's GEMM rate,
-measured in the same run; "frac" = limit / time (Gram NS does fewer FLOPs, so it can exceed 1).
+measured in the same run; "frac" = limit / time (Gram NS does fewer FLOPs, so it can exceed 1). The first line says
+whether this CPU's bf16 GEMM is fast or slow against its fp32 one (the ratio of the two rates, measured in the run).
 
     python bench/ns.py            # full mix (a few minutes on 2 cores)
     python bench/ns.py --quick    # smaller mix, < ~60 s
@@ -124,8 +125,13 @@ def run(scale: int, experts: int, reps: int) -> str:
     mix = shape_mix(scale, experts)
     lines = [f"threads={torch.get_num_threads()} scale=1/{scale} experts/stack={experts} reps={reps} "
              f"coefficients=simple steps={STEPS}", ""]
+    rates = {dtype: gemm_rate(dtype) for dtype in (torch.float32, torch.bfloat16)}
+    ratio = rates[torch.bfloat16] / rates[torch.float32]
+    lines += [f"bf16 GEMM / fp32 GEMM on this CPU: {ratio:.2f}x ({'fast' if ratio > 1.2 else 'slow'} bf16: "
+              f"{'an all-bf16 iteration gains on it' if ratio > 1.2 else 'bf16 work costs as much as fp32 or more'})",
+              ""]
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        rate = gemm_rate(dtype)
+        rate = rates[dtype]
         impls: dict[str, Callable] = {"ours": _ours(precision), "emerging": _emerging(precision)}
         if precision == "bf16":
             impls["torch.optim.Muon"] = _torch_muon

@@ -8,6 +8,12 @@ difference between the two results (fp32 rounding only).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/ns_batched.py            # default mix
     OMP_NUM_THREADS=1 .venv/bin/python bench/ns_batched.py --hidden 64 --layers 16
+
+``--small-bf16``: the bf16 shapes of bench/ns.py's mixes where one call of ours is slower than torch.optim.Muon's
+(MLA and GQA projections, shared experts; simple coefficients, 8 matrices of each shape): ours per call, ours
+stacked (as Muon's default step runs them) and torch.optim.Muon's NS, and torch's time over our stacked one.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/ns_batched.py --small-bf16
 """
 
 from __future__ import annotations
@@ -36,14 +42,44 @@ def best_of(fn, reps: int) -> float:  # noqa: ANN001
     return min(times)
 
 
+SMALL_BF16 = [(72, 896), (128, 512), (192, 896), (896, 256)]
+"""bench/ns.py's scaled kimi kv_a_proj_with_mqa, qwen k/v_proj, kimi q_a_proj and kimi shared down."""
+
+
+def small_bf16(reps: int) -> None:
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    simple = (3.4445, -4.7750, 2.0315)
+    g = torch.Generator().manual_seed(0)
+    print("| shape (x8) | ours per call | ours stacked | torch.optim.Muon | torch.optim.Muon / ours stacked |")
+    print("|---|---|---|---|---|")
+    for shape in SMALL_BF16:
+        xs = [torch.randn(*shape, generator=g) for _ in range(8)]
+        runs = {"per_call": lambda: [newton_schulz_many([x], 5, "simple", precision="bf16") for x in xs],  # noqa: B023
+                "stacked": lambda: newton_schulz_stacked(xs, 5, "simple", precision="bf16"),  # noqa: B023
+                "torch": lambda: [_zeropower_via_newtonschulz(x, simple, 5, 1e-7) for x in xs]}  # noqa: B023
+        best = dict.fromkeys(runs, float("inf"))
+        for fn in runs.values():
+            fn()
+        for _ in range(reps):  # round-robin: all see the same machine load
+            for k, fn in runs.items():
+                best[k] = min(best[k], best_of(fn, 1))
+        print(f"| {shape} | {best['per_call'] * 1e3:.2f} ms | {best['stacked'] * 1e3:.2f} ms | "
+              f"{best['torch'] * 1e3:.2f} ms | {best['torch'] / best['stacked']:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small-bf16", action="store_true", help="the bf16 comparison with torch.optim.Muon (doc)")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.small_bf16:
+        small_bf16(args.reps)
+        return
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(*s, generator=g) for s in shapes(args.hidden, args.layers)]
     per_matrix = lambda: [newton_schulz_many([x], 5, "quintic")[0] for x in xs]  # noqa: E731  (Muon's default)
