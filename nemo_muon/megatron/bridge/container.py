@@ -90,12 +90,12 @@ def parallel_sizes(par: ParallelismConfig) -> dict[str, Any]:
 
 
 def bridge_optimizer_spec(recipe: TrainingRecipe, fields: set[str] | None = None) -> MegatronOptimizerSpec:
-    """Our optimizer mapped onto the `OptimizerConfig` of the installed Megatron-Core (``fields``: its field names;
-    default: read from the installed one)."""
+    """Our optimizer mapped onto Megatron-Core's `OptimizerConfig` of the installed release (``fields``: its field
+    names; default: read from the installed one)."""
     if fields is None:
-        from megatron.core.optimizer import OptimizerConfig
+        from megatron.core.optimizer import OptimizerConfig as MCoreOptimizerConfig
 
-        fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
+        fields = {f.name for f in dataclasses.fields(MCoreOptimizerConfig)}
     return megatron_optimizer_spec(
         recipe.optimizer, fields=fields, grad_clip=recipe.trainer.grad_clip,
         min_lr=recipe.optimizer.lr * recipe.scheduler.min_lr_ratio, layerwise=recipe.layerwise,

@@ -3,8 +3,9 @@
 These releases have no emerging-optimizer registry: `get_megatron_muon_optimizer` constructs its TensorParallelMuon
 inline. `build_layer_wise` assembles the same pieces that function assembles (Megatron's param groups and Adam,
 `LayerWiseDistributedOptimizer`) around our optimizer's engine class instead (`nemo_muon.megatron.shared.engine`),
-with ownership by update cost (`cost_balanced`) and, by default, gradients reduced to their owners (`owner_reduce`)
-and parameters gathered in the next forward (`owner_gather`).
+with ownership by update cost (`cost_balanced`). By default gradients and parameters travel as Megatron's own wiring
+sends them (DDP's all-reduce, the end-of-step all-gather); with ``optimizer.collectives=reduce_scatter`` (opt-in)
+gradients are reduced to their owners (`owner_reduce`) and parameters gathered in the next forward (`owner_gather`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ OWNERSHIPS = ("ns_cost", "megatron")
 def build_layer_wise(config: Any, model_chunks: list[Any], pg_collection: Any, config_overrides: Any = None, *,
                          ours: BaseOptimizerConfig, ownership: str = "ns_cost",
                          collectives: str = "all_reduce") -> Any:
-    """Megatron-Core 0.16: our Muon for the 2-D non-embedding weights, Megatron's Adam for the rest, both inside
+    """Megatron-Core 0.16 / 0.17: our Muon for the 2-D non-embedding weights, Megatron's Adam for the rest, both inside
     Megatron's `LayerWiseDistributedOptimizer` (the assembly `get_megatron_muon_optimizer` does, with our class).
     ``config_overrides``: Megatron's per-parameter overrides (Bridge's weight-decay rules), applied to both parts.
     ``ours``: the recipe's validated optimizer config; its registry entry names the class, its fields are the

@@ -12,11 +12,12 @@ its own domain (experts over ``expt_dp`` first, then the dense matrices over ``d
 starting from the expert work each rank already has, as ``nemo-muon plan`` models it). Everything else
 (all-gather of the owned shards, master weights, checkpoints) is Megatron's, unchanged.
 
-Split ownership (``MuonConfig.ns_split_target``, 0.16, Muon, TP = 1): the dense matrices are planned by
+Split ownership (``MuonConfig.ns_split_target``, 0.16 / 0.17, Muon, TP = 1): the dense matrices are planned by
 `nemo_muon.accounting.ownership_plan.plan_ownership` with a balance target, exactly as the whole-tensor optimizer plans them
 (``accounting.ns_split``, counting the extra all-gather of the update). A split matrix stays whole in the optimizer
-of every member of its block (each holds the fp32 master and the momentum, and receives the full reduced gradient:
-`nemo_muon.megatron.core_016_017.owner_reduce` all-reduces it); our Muon runs its Newton–Schulz distributed over the block
+of every member of its block (each holds the fp32 master and the momentum, and receives the full reduced gradient: DDP's
+all-reduce gives it every rank by default, `nemo_muon.megatron.core_016_017.owner_reduce` all-reduces it over the block
+with ``optimizer.collectives=reduce_scatter``); our Muon runs its Newton–Schulz distributed over the block
 (`Muon.share_split`), so every member computes the identical update; the block's first rank shares the parameter in Megatron's all-gather. The
 gradient norm and zero count skip the other members' copies, and their checkpoint tensors are marked as replicas.
 
@@ -32,7 +33,7 @@ import functools
 from typing import Any
 
 from nemo_muon.accounting.ownership_plan import lpt_assign, plan_ownership
-from nemo_muon.megatron.shared.engine import ours_in
+from nemo_muon.megatron.shared.engine import megatron_leaves, ours_in
 from nemo_muon.megatron.shared.ownership import expert_work, is_routed_expert, matrix_item
 from nemo_muon.optim.muon import Muon, SplitShare
 from nemo_muon.registry import spec_named
@@ -137,9 +138,9 @@ def ns_balanced_class() -> type:
                 return super().get_grad_norm()
             from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
 
-            skip = {id(p.grad) for sub in self.chained_optimizers for p in sub.get_parameters()
+            skip = {id(p.grad) for sub in megatron_leaves(self) for p in sub.get_parameters()
                     if id(p) in helpers and p.grad is not None}
-            grads = [g for sub in self.chained_optimizers for g in sub.get_main_grads_for_grad_norm()
+            grads = [g for sub in megatron_leaves(self) for g in sub.get_main_grads_for_grad_norm()
                      if id(g) not in skip]
             return get_grad_norm_fp32(grads, grad_stats_parallel_group=None)
 
@@ -149,7 +150,7 @@ def ns_balanced_class() -> type:
                 return super().count_zeros()
             from megatron.core.optimizer.clip_grads import count_zeros_fp32
 
-            params = [p for sub in self.chained_optimizers for p in sub.get_parameters() if id(p) not in helpers]
+            params = [p for sub in megatron_leaves(self) for p in sub.get_parameters() if id(p) not in helpers]
             return count_zeros_fp32(params, grad_stats_parallel_group=None,
                                     use_decoupled_grad=self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
 
