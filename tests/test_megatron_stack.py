@@ -114,6 +114,24 @@ def test_with_megatron_installed_the_installed_stack_is_judged():
     stack.check_recipe_stack(get_recipe("kimi_k2_soap"))
 
 
+def test_the_installed_stack_is_judged_once_per_process_and_a_refusal_every_time(monkeypatch):
+    """A Bridge run checks from its container build and again from Bridge's optimizer setup: the rules run once for
+    the same (optimizer, engine, installed versions); a refusal is raised on every call; other versions re-judge."""
+    calls = []
+    judge = stack.check_stack
+    monkeypatch.setattr(stack, "check_stack", lambda *a, **k: (calls.append(a[0]), judge(*a, **k)))
+    stack._check_installed_once.cache_clear()
+    stack.check_installed_stack("muon", "nemo_muon")
+    stack.check_installed_stack("muon", "nemo_muon")
+    assert calls == ["muon"]
+    broken = {stack.MCORE: "0.19.2", stack.EMERGING_OPTIMIZERS: "0.3.0", stack.NEMO: "2.7.0"}
+    monkeypatch.setattr(stack, "installed_versions", lambda: broken)
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"optimizer.name='muon' with optimizer.engine='nemo_muon' cannot run"):
+            stack.check_installed_stack("muon", "nemo_muon")
+    assert calls == ["muon"] * 3
+
+
 def test_the_image_build_check_refuses_a_stack_that_cannot_run_the_required_optimizers(monkeypatch, capsys):
     """`python -m nemo_muon.megatron.shared.stack --require ...` (the Dockerfile's last step) on NeMo 2.7 + Megatron-Core
     0.19: exit 1 naming what cannot run; a stack without breaks passes."""

@@ -3,8 +3,9 @@
 The one place the megatron backend builds the optimizer of our configs, inside Bridge (``provide()``, the Bridge 0.3
 hook: `build_engine`) and outside it (the NeMo 2 module, the CPU training tests, the GPU check in ``bench/gpu/``:
 `build_megatron_optimizer`): the config goes through the tested mapping (`to_megatron_optimizer_config`), the stack
-rules refuse what the installed versions cannot build (once per build), and engine 'nemo_muon' is built by the
-installed Megatron-Core generation's ``build_engine`` (`nemo_muon.megatron.generations`).
+rules refuse what the installed versions cannot build (evaluated once per process and stack:
+`check_installed_stack`), and engine 'nemo_muon' is built by the installed Megatron-Core generation's
+``build_engine`` (`nemo_muon.megatron.generations`).
 """
 
 from __future__ import annotations

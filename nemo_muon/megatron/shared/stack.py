@@ -8,6 +8,7 @@ give the same answer and the same message, which names the combination and which
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -134,8 +135,17 @@ def check_stack(optimizer: str, versions: Mapping[str, str | None], *, where: st
 
 
 def check_installed_stack(optimizer: str, engine: str | None = DEFAULT_ENGINE) -> None:
-    """Refuse ``optimizer`` (a registered name) where the installed Megatron-Core stack cannot build it."""
-    check_stack(optimizer, installed_versions(), where="the installed stack", engine=engine)
+    """Refuse ``optimizer`` (a registered name) where the installed Megatron-Core stack cannot build it.
+
+    The rules run once per process for an (optimizer, engine, installed versions): a Bridge run reaches this from
+    its container build and again from Bridge's optimizer setup, which only repeats the first answer (a refusal is
+    never remembered: it is raised again)."""
+    _check_installed_once(optimizer, engine, tuple(sorted(installed_versions().items())))
+
+
+@functools.lru_cache(maxsize=64)
+def _check_installed_once(optimizer: str, engine: str | None, versions: tuple[tuple[str, str | None], ...]) -> None:
+    check_stack(optimizer, dict(versions), where="the installed stack", engine=engine)
 
 
 def check_recipe_stack(recipe) -> None:  # noqa: ANN001 - a TrainingRecipe (kept import-free)
