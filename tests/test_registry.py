@@ -52,6 +52,14 @@ def test_the_name_tables_are_the_registrys():
         assert spec.config_class().name == spec.name
 
 
+def test_megatrons_registry_names_ours_by_package_then_optimizer_never_by_the_engine_word():
+    """One word per meaning: the package and engine are ``nemo_muon``; an entry in Megatron's emerging-optimizer
+    registry is ``nemo_muon.<optimizer>`` (Muon's was ``nemo_muon`` too, the engine's word)."""
+    registered = {s.name: s.megatron.registered_name for s in BUILTIN if s.megatron and s.megatron.registered_name}
+    assert {"muon", "soap", "normuon", "adamuon"} <= set(registered)
+    assert all(value == f"nemo_muon.{name}" for name, value in registered.items())
+
+
 def test_a_module_with_a_spec_is_discovered_without_a_line_elsewhere(tmp_path, monkeypatch):
     """Registry entries are the package's modules that define ``SPEC`` (in the order of their names), so a new
     optimizer's file is all the registry needs; a ``SPEC`` that is not an `OptimizerSpec` is refused."""

@@ -102,7 +102,7 @@ def test_each_optimizer_pairs_with_its_registered_baseline_and_normuon_is_not_mu
         ("tiny_kimi_k2_normuon", "tiny_kimi_k2_adamw", "NorMuon vs AdamW")}
     assert "NorMuon vs AdamW:" in markdown_table(summaries, pairs) and "ratio normuon/adamw" in render_table(
         [tmp_path / "tiny_kimi_k2_normuon", tmp_path / "tiny_kimi_k2_adamw"])
-    assert [optimizer_of(n) for n in ("tiny_kimi_k2_normuon-20250101", "dist_muon", "adam", "nemo_normuon",
+    assert [optimizer_of(n) for n in ("tiny_kimi_k2_normuon-20250101", "dist_muon", "adam", "nemo_muon.normuon",
                                       "kimi_k2_adamw_bf16", "tiny_kimi_k2_soap")] == \
         ["normuon", "muon", "adamw", "normuon", "adamw", "soap"]
 

@@ -69,5 +69,5 @@ SPEC = dataclasses.replace(
     matrix=dataclasses.replace(MUON_SPEC.matrix, state_elements=adamuon_state_elements, splittable=False,
                                element_bytes=MUON_SPEC.matrix.element_bytes + 8),
     # engine 'nemo_muon' only: Megatron-Core's TensorParallelAdaptiveMuon (>= 0.19) has neither sign nor rescaling
-    megatron=dataclasses.replace(MUON_SPEC.megatron, engines=("nemo_muon",), registered_name="nemo_adamuon"),
+    megatron=dataclasses.replace(MUON_SPEC.megatron, engines=("nemo_muon",), registered_name="nemo_muon.adamuon"),
 )

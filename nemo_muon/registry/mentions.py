@@ -1,7 +1,7 @@
 """Which registered optimizer a logged name or a run / recipe name means, from the registry alone (no table of names).
 
 Reports read an optimizer from a run's log (ours writes the registered name; a Megatron log says Megatron's name:
-``dist_muon``, ``adam``, ``nemo_normuon``) or, failing that, from the run's or recipe's name (``kimi_k2_adamw_bf16``,
+``dist_muon``, ``adam``, ``nemo_muon.normuon``) or, failing that, from the run's or recipe's name (``kimi_k2_adamw_bf16``,
 ``tiny_kimi_k2_normuon-20250101``). A name is found as a whole token only, so ``normuon`` is never Muon and
 ``adamuon`` neither Adam nor Muon.
 """

@@ -40,7 +40,7 @@ SPEC = OptimizerSpec(
     matrix=MUON_MATRIX,
     megatron=MegatronSpec(
         engines=("nemo_muon", "megatron"), bridge_name="muon", bridge_layer_wise_name="dist_muon",
-        registered_name="nemo_muon", fields="nemo_muon.megatron.shared.optimizer_config:muon_fields",
+        registered_name="nemo_muon.muon", fields="nemo_muon.megatron.shared.optimizer_config:muon_fields",
         adam_fields=("adamw_betas", "adamw_eps"),
         # Megatron fuses gate/up and has no skip-step; the perf recipes keep Bridge's (Megatron's) spectral scale
         recipe_defaults={"split_gate_up": False, "nonfinite": "raise", "scale_mode": "spectral"},

@@ -53,5 +53,5 @@ SPEC = dataclasses.replace(
     # the whole-tensor optimizer's split runs NS on slices; the row moment needs the whole matrix
     matrix=dataclasses.replace(MUON_SPEC.matrix, state_elements=normuon_state_elements, splittable=False),
     # no Megatron-Core implementation
-    megatron=dataclasses.replace(MUON_SPEC.megatron, engines=("nemo_muon",), registered_name="nemo_normuon"),
+    megatron=dataclasses.replace(MUON_SPEC.megatron, engines=("nemo_muon",), registered_name="nemo_muon.normuon"),
 )

@@ -29,7 +29,7 @@ SPEC = OptimizerSpec(
                       # element_bytes: Muon's, the default (the step-time model does not model SOAP's own)
                       state_elements=soap_state_elements, newton_schulz=False, splittable=False),
     megatron=MegatronSpec(
-        engines=("nemo_muon", "megatron"), bridge_name="soap", registered_name="nemo_soap",
+        engines=("nemo_muon", "megatron"), bridge_name="soap", registered_name="nemo_muon.soap",
         fields="nemo_muon.megatron.shared.optimizer_config:soap_fields",
         recipe_defaults={"nonfinite": "raise"},
     ),

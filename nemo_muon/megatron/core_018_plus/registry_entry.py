@@ -2,7 +2,7 @@
 
 Megatron-Core >= 0.18 keeps a registry of emerging optimizers (``megatron/core/optimizer/emerging_optimizers.py``:
 name -> optimizer class, state init, config -> kwargs). `register_with_megatron` adds each of ours under its registry
-entry's ``megatron.registered_name`` (``nemo_muon``, ``nemo_soap``, ``nemo_normuon``);
+entry's ``megatron.registered_name`` (``nemo_muon.muon``, ``nemo_muon.soap``, ...: the package, then the optimizer);
 ``OptimizerConfig(optimizer=<that name>, use_layer_wise_distributed_optimizer=True)`` then goes through Megatron's own
 `get_megatron_optimizer` like its Muon does. The recipe's validated config rides on the copy of Megatron's config our
 builder hands `get_megatron_optimizer` (attribute `OURS_ATTRIBUTE`), where the entry's ``config_to_kwargs`` reads it.
