@@ -40,6 +40,7 @@ MATCH_RMS_ADAMW_FACTOR = 0.2
 SOAP_FIXED_EPS = 1e-8
 """Megatron-Core passes no eps to emerging_optimizers.soap.SOAP, so its default (1e-8) is the only honoured value."""
 ENGINE_NEMO_MUON = "nemo_muon"
+"""The value of ``optimizer.engine`` that runs our matrix update inside Megatron (the other: 'megatron')."""
 BUILDER_NEMO_MUON = "nemo_muon"
 """`MegatronOptimizerSpec.builder` of engine 'nemo_muon': `nemo_muon.megatron.shared.engine` (our Muon inside
 Megatron's layer-wise optimizer); the others name Megatron-Core's own builder functions."""
@@ -97,7 +98,7 @@ def _refuse(field: str, value: Any, why: str) -> ValueError:
 
 def _common(opt: BaseOptimizerConfig, *, grad_clip: float, min_lr: float | None, bf16: bool) -> dict[str, Any]:
     # AdamWConfig has no policy field; engine 'nemo_muon' skips globally (`nemo_muon.megatron.shared.nonfinite`)
-    if getattr(opt, "nonfinite", "raise") != "raise" and getattr(opt, "engine", None) != BUILDER_NEMO_MUON:
+    if getattr(opt, "nonfinite", "raise") != "raise" and getattr(opt, "engine", None) != ENGINE_NEMO_MUON:
         raise _refuse(f"{opt.name}.nonfinite", opt.nonfinite,
                       "it has no skip-step for bf16 without a loss scaler; set nonfinite='raise' (Megatron's "
                       "check_for_nan_in_grad), or optimizer.engine='nemo_muon', which skips the step on every rank")
@@ -233,7 +234,7 @@ def ddp_flags(opt: BaseOptimizerConfig, *, cost_layout: bool = False) -> dict[st
     ``nonfinite='skip'``: there the global gradient norm decides on every rank (`nemo_muon.megatron.shared.nonfinite`),
     which the local check would pre-empt by raising on the one rank that saw the NaN.
     """
-    skip = getattr(opt, "nonfinite", "raise") == "skip" and getattr(opt, "engine", None) == BUILDER_NEMO_MUON
+    skip = getattr(opt, "nonfinite", "raise") == "skip" and getattr(opt, "engine", None) == ENGINE_NEMO_MUON
     return {"use_distributed_optimizer": spec_for(opt).matrix is None or cost_layout, "check_for_nan_in_grad": not skip}
 
 
