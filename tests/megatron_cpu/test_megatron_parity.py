@@ -95,3 +95,34 @@ def test_a_learning_rate_of_zero_is_built_and_moves_no_weight():
     for result in run_distributed(_plain_linear_stack, world_size=2, args=(0.0, 2), timeout_s=240):
         assert "MegatronMuon" in result["classes"]
         assert result["moved"] == 0.0 and result["replica_max_diff"] == 0.0
+
+
+def test_megatrons_own_refusals_stand_before_our_engine_is_built():
+    """Our engine goes through Megatron's validation in Megatron's order: on 0.18+ through its own
+    `get_megatron_optimizer` (fp16 and a param gather overlapped with the step refused in its words, before any
+    optimizer of ours is constructed); on 0.16 / 0.17 (no registry: our assembly stands in for Megatron's) the assembly
+    refuses fp16 in one line before it builds anything."""
+    import torch
+    from megatron.core.optimizer import OptimizerConfig as MCoreOptimizerConfig
+
+    from nemo_muon.megatron.generations import entry, installed_core_generation
+    from tests.megatron_cpu.training import optimizer_config
+
+    generation = installed_core_generation()
+    build, chunks = entry(generation.build_engine), [torch.nn.Linear(4, 4, bias=False)]
+    ours = optimizer_config("muon")
+    fp16 = MCoreOptimizerConfig(optimizer="adam", lr=1e-3, fp16=True)
+    if generation.name == "core_018_plus":  # the mapping writes Megatron's config so (megatron_optimizer_spec)
+        fp16.use_layer_wise_distributed_optimizer = True
+        with pytest.raises(ValueError, match=r"^emerging optimizer with fp16 is not supported\.$"):
+            build(ours, fp16, chunks, object())
+        overlapped = MCoreOptimizerConfig(optimizer="adam", lr=1e-3, bf16=True,
+                                          overlap_param_gather_with_optimizer_step=True,
+                                          use_layer_wise_distributed_optimizer=True)
+        with pytest.raises(AssertionError, match="overlap_param_gather_with_optimizer_step is not supported with "
+                                                 "use_layer_wise_distributed_optimizer"):
+            build(ours, overlapped, chunks, object())
+    else:
+        with pytest.raises(ValueError, match=r"the layer-wise optimizer needs use_distributed_optimizer=False and "
+                                             r"fp16=False; got use_distributed_optimizer=False, fp16=True"):
+            build(ours, fp16, chunks, object())
