@@ -127,9 +127,12 @@ def test_cancel_stops_a_submitted_job(slurm_cluster, tmp_path) -> None:
 
 def test_ctrl_c_while_waiting_cancels_the_job(slurm_cluster, tmp_path) -> None:
     cli = [sys.executable, "-c", "from nemo_muon.launchers.cli import main; main()"]
+    # Ctrl-C as from a terminal: SIGINT at its default in the launcher, even when this suite runs as a background job
+    # (a shell starts those with SIGINT ignored, and an ignored signal stays ignored across exec)
     proc = subprocess.Popen([*cli, "launch", "--recipe", RECIPE, "--executor", "slurm", "--no-container", "--wait",
                              "trainer.max_steps=100000", f"logging.root={tmp_path}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     job_id, seen = None, ""
     deadline = time.monotonic() + 60
     while job_id is None and time.monotonic() < deadline:
