@@ -308,9 +308,11 @@ def _load_verified(path: Path, name: str, manifest: dict[str, Any]) -> Any:
                               "; move the folder aside") from None
 
 
-def _brief(value: Any) -> str:
-    """``value`` for a one-line message: a str as is, anything else as `shown` (a repr), cut and on one line."""
-    return " ".join((value if isinstance(value, str) else shown(value))[:300].split())
+def _brief(value: Any, limit: int = 300, cut_mark: str = "") -> str:
+    """``value`` for a one-line message: a str as is, anything else as `shown` (a repr), on one line, cut to
+    ``limit`` characters (followed by ``cut_mark`` when cut)."""
+    text = value if isinstance(value, str) else shown(value)
+    return " ".join(text[:limit].split()) + (cut_mark if len(text) > limit else "")
 
 
 def _check_params(params: Any, model: torch.nn.Module, f: Path) -> None:
@@ -331,9 +333,8 @@ _QUOTED_CHARS = 60
 
 
 def _quoted(value: Any) -> str:
-    """A manifest's ``value`` in a refusal: its text on one line, cut to `_QUOTED_CHARS` (marked with '...')."""
-    text = " ".join(str(value).split())
-    return text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "..."
+    """A manifest's ``value`` in a refusal: `_brief`, cut to `_QUOTED_CHARS` (marked with '...')."""
+    return _brief(value, _QUOTED_CHARS, "...")
 
 
 def _listed(items: list[str], most: int = 10) -> str:
