@@ -9,9 +9,10 @@ difference between the two results (fp32 rounding only).
     OMP_NUM_THREADS=1 .venv/bin/python bench/ns_batched.py            # default mix
     OMP_NUM_THREADS=1 .venv/bin/python bench/ns_batched.py --hidden 64 --layers 16
 
-``--small-bf16``: the bf16 shapes of bench/ns.py's mixes where one call of ours is slower than torch.optim.Muon's
-(MLA and GQA projections, shared experts; simple coefficients, 8 matrices of each shape): ours per call, ours
-stacked (as Muon's default step runs them) and torch.optim.Muon's NS, and torch's time over our stacked one.
+``--small-bf16``: the small bf16 shapes of bench/ns.py's full mix (MLA and GQA projections, shared experts; simple
+coefficients, 8 matrices of each shape), where our per-call lead over the peers is smallest (bf16 Gram NS restarts,
+more operators per call than the peers' iteration): ours per call, ours stacked (as Muon's default step runs them)
+and torch.optim.Muon's NS, and torch's time over our stacked one.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/ns_batched.py --small-bf16
 """
