@@ -78,7 +78,8 @@ def test_deleting_a_generation_is_its_folder_and_its_row(folder):
 
 
 def test_every_entry_point_of_the_table_is_a_function_of_its_folder():
-    references = [(row.name, row.build_engine) for row in CORE_GENERATIONS]
+    references = [(row.name, ref) for row in CORE_GENERATIONS
+                  for ref in (row.build_engine, row.wrap_with_cost_layout) if ref is not None]
     for row in BRIDGE_GENERATIONS:
         references += [(None, ref) for ref in (row.base_container, row.install_engine, row.engine_optimizer_config,
                                                row.cost_layout) if ref is not None]

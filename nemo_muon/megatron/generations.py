@@ -48,6 +48,9 @@ class CoreGeneration:
     """``build_engine(opt, config, model_chunks, pg_collection, *, config_overrides=None)``."""
     parameter_layout: bool
     """DDP builds the layer-wise buffers from a parameter layout (``full_param_layout``): the cost layout exists."""
+    wrap_with_cost_layout: str | None = None
+    """``(model_chunks, config, ddp_config, *, ours, pg_collection, bucket_size) -> (wrapped, plans)``: DDP on the
+    cost layout outside Bridge (``nemo-muon preflight``); None where the generation has no parameter layout."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ CORE_GENERATIONS: tuple[CoreGeneration, ...] = (
     CoreGeneration(CORE_016_017, (0, 16), (0, 17), "NGC 26.02, 26.04",
                    "nemo_muon.megatron.core_016_017.assembly:build_engine", parameter_layout=False),
     CoreGeneration(CORE_018_PLUS, (0, 18), None, "NGC 26.06, 26.08",
-                   "nemo_muon.megatron.core_018_plus.registry_entry:build_engine", parameter_layout=True),
+                   "nemo_muon.megatron.core_018_plus.registry_entry:build_engine", parameter_layout=True,
+                   wrap_with_cost_layout="nemo_muon.megatron.core_018_plus.cost_layout:wrap_with_cost_layout"),
 )
 _PROVIDE = "nemo_muon.megatron.bridge_04_plus.provider:engine_optimizer_config"
 _LAYOUT = "nemo_muon.megatron.bridge_05_06.layout:install"
