@@ -82,7 +82,7 @@ def main() -> None:
         torch.manual_seed(t.SEED)
         model, config, spec = t._model(args.spec)
         model.cuda()
-        opt = t._optimizer_config(args.optimizer, engine or "nemo_muon")
+        opt = t.optimizer_config(args.optimizer, engine or "nemo_muon")
         layer_wise = args.optimizer != "adamw"
         ddp_model = t._ddp(model, config, opt, layer_wise)
         optimizer, _ = build_megatron_optimizer(opt, [ddp_model],

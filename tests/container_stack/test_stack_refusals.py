@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from nemo_muon.models.megatron_fields import transformer_config_fields
 from nemo_muon.models.specs import KIMI_K2, QWEN3_30B_A3B
-from tests.megatron_cpu.model_config import transformer_config_fields
 
 NEMO_MUON = str(Path(sys.executable).parent / "nemo-muon")
 

@@ -55,8 +55,8 @@ def bridge_setup(spec_name: str, steps: int, cost_layout: bool, optimizer_name: 
     from nemo_muon.megatron.bridge_05_06 import layout as bridge_layout
     from nemo_muon.megatron.shared.build import mpu_process_groups
     from nemo_muon.megatron.shared.optimizer_config import ddp_flags, to_megatron_optimizer_config
+    from nemo_muon.preflight.wiring import ddp_config_kwargs
     from tests.megatron_cpu.te_stub import bridge_imports_without_te
-    from tests.megatron_cpu.training import ddp_config_kwargs
 
     bridge_imports_without_te()
     from megatron.bridge.models.model_provider import ModelProviderMixin

@@ -1,4 +1,4 @@
-"""The layer-wise optimizer's three DDP wirings on Megatron-Core >= 0.18 (`training.LAYOUTS`), measured on the tiny
+"""The layer-wise optimizer's three DDP wirings on Megatron-Core >= 0.18 (`nemo_muon.preflight.wiring.LAYOUTS`), measured on the tiny
 model: bytes each rank sends per step (a wrapper around torch.distributed's collectives, DDP's captured ones
 included), the fp32 masters after a few steps, DP replicas, and the update cost each rank owns against the plan."""
 

@@ -210,13 +210,8 @@ def _stage_of_two_chunks(rank: int, world_size: int, group: Any) -> dict[str, An
 
     from nemo_muon.megatron.core_018_plus.cost_layout import plan_cost_layout, plan_items, tag_with_costs
     from nemo_muon.megatron.core_018_plus.split_plan import planned_owner
-    from tests.megatron_cpu.training import (
-        _model,
-        _pg_collection,
-        ddp_config_kwargs,
-        megatron_parallel,
-        optimizer_config,
-    )
+    from nemo_muon.preflight.wiring import ddp_config_kwargs
+    from tests.megatron_cpu.training import _model, _pg_collection, megatron_parallel, optimizer_config
 
     with megatron_parallel():
         chunks = [_model("tiny_kimi_k2", 1, False, 1, 16)[0] for _ in range(2)]

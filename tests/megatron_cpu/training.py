@@ -1,12 +1,13 @@
 """Tiny Kimi-K2-family and Qwen3-MoE models trained through Megatron-Core's real stack on CPU gloo ranks.
 
 What runs is Megatron's: `GPTModel` (local spec: no Transformer Engine) built from the architecture fields of the
-full recipes (`tests.megatron_cpu.model_config`, checked against Bridge's providers), `Float16Module`,
+full recipes (`nemo_muon.models.megatron_fields`, checked against Bridge's providers; the model, its DDP wiring, batches
+and state readers are preflight's own: `nemo_muon.preflight`), `Float16Module`,
 `DistributedDataParallel`, the optimizer our mapping builds (`nemo_muon.megatron.shared.build`: distributed Adam, or the
 layer-wise Muon), `forward_backward_no_pipelining` with `finalize_model_grads`, and `dist_checkpointing` save / load.
-What is ours: the four shims (`shims.py`), MLA's core attention (`mla_attention.py`: the local spec has none that
-takes separate key/value head sizes), the CPU kernel choices below (no fused kernels without TE/Apex, the
-allgather dispatcher, no grouped GEMM), and a deterministic synthetic batch per (step, DP rank).
+What is ours: the four shims (`shims.py`), MLA's core attention (`nemo_muon.preflight.mla_attention`: the local spec
+has none that takes separate key/value head sizes), the local-spec kernel choices (`nemo_muon.preflight.tiny_model`:
+no fused kernels without TE/Apex, the allgather dispatcher, no grouped GEMM), and a deterministic synthetic batch per (step, DP rank).
 Every scenario (`train_tiny`, the lockstep and single-process comparisons, TP, EP, the non-finite and resume
 scenarios, `text_training.train_on_text`) runs inside the one harness context, `megatron_parallel` (shims, Megatron's
 parallel state, its teardown), and gets its model and optimizer from `replica`; each runs on every rank under
@@ -22,116 +23,28 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-SEQ, MICRO_BATCH, SEED = 32, 4, 1234
+from nemo_muon.megatron.shared.build import mpu_process_groups
+from nemo_muon.preflight.batches import MICRO_BATCH, SEED
+from nemo_muon.preflight.batches import forward_backward as _forward_backward
+from nemo_muon.preflight.state import bits as _bits
+from nemo_muon.preflight.state import checkpoint_state as _checkpoint_state
+from nemo_muon.preflight.state import integrity_check, resume_from, settle
+from nemo_muon.preflight.state import masters as _masters
+from nemo_muon.preflight.state import matrix_masters as _matrix_masters
+from nemo_muon.preflight.state import state_tensors as _state_tensors
+from nemo_muon.preflight.tiny_model import SEQ
+from nemo_muon.preflight.tiny_model import build_tiny_model as _model
+from nemo_muon.preflight.wiring import has_layouts as _has_layouts
+from nemo_muon.preflight.wiring import wrap_in_ddp
+
 LR = 1e-2
-CPU_KERNEL_FIELDS: dict[str, Any] = {
-    # fused kernels need Transformer Engine / Apex (absent on CPU): Megatron's unfused paths instead
-    "bias_activation_fusion": False, "bias_dropout_fusion": False, "masked_softmax_fusion": False,
-    "gradient_accumulation_fusion": False, "apply_rope_fusion": False, "persist_layer_norm": False,
-    "cross_entropy_loss_fusion": False, "moe_permute_fusion": False, "moe_router_fusion": False,
-    # the flex / alltoall dispatchers need CUDA streams and DeepEP/HybridEP; allgather is exact at EP=1
-    "moe_token_dispatcher_type": "allgather", "moe_grouped_gemm": False,
-}
-
-
-DENSE_DROPS = ("num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_aux_loss_coeff", "moe_layer_freq",
-               "moe_shared_expert_intermediate_size")
-"""MoE fields dropped for the dense variant of a tiny model (``dense=True``): Megatron requires sequence
-parallelism for MoE under tensor parallelism, which the local spec's torch norms do not support."""
-
-
-def _model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: int = SEQ, pp: int = 1,
-           vp_stage: int | None = None, vp: int = 1):
-    import torch
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.transformer import transformer_config as tc
-    from megatron.core.transformer.module import Float16Module
-
-    from nemo_muon.models.specs import get_model_spec
-    from tests.megatron_cpu.mla_attention import with_cpu_mla_attention
-    from tests.megatron_cpu.model_config import config_class, model_fields, transformer_config_fields
-
-    spec = get_model_spec(spec_name)
-    cls = getattr(tc, config_class(spec))
-    names = {f.name for f in dataclasses.fields(cls)}
-    arch = transformer_config_fields(spec)
-    if dense:
-        arch = {k: v for k, v in arch.items() if k not in DENSE_DROPS and not k.startswith("moe_")}
-    parallel = {"tensor_model_parallel_size": tp} if tp > 1 else {}
-    if ep > 1:
-        parallel["expert_model_parallel_size"] = ep
-    if pp > 1:
-        parallel["pipeline_model_parallel_size"] = pp
-    if vp > 1:
-        parallel["virtual_pipeline_model_parallel_size"] = vp
-    config = cls(**{k: v for k, v in arch.items() if k in names}, **CPU_KERNEL_FIELDS, use_cpu_initialization=True,
-                 bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, **parallel)
-    gpt_args = {k: v for k, v in arch.items() if k not in names}  # e.g. rotary_base: a GPTModel argument
-    chunk = {"vp_stage": vp_stage} if vp_stage is not None else {}
-    block_spec = with_cpu_mla_attention(get_gpt_decoder_block_spec(config, use_transformer_engine=False, **chunk))
-    ends = {"ignore_virtual": False, "vp_stage": vp_stage} if vp_stage is not None else {}
-    stage = {"pre_process": parallel_state.is_pipeline_first_stage(**ends),
-             "post_process": parallel_state.is_pipeline_last_stage(**ends), **chunk} if pp > 1 else {}
-    model = GPTModel(config=config, transformer_layer_spec=block_spec, max_sequence_length=seq, **model_fields(spec),
-                     **gpt_args, **stage)
-    return Float16Module(config, model), config, spec
-
-
-LAYOUTS = ("megatron", "legacy", "cost")
-"""How the harness wraps a layer-wise model in DDP on Megatron-Core >= 0.18: Megatron's parameter layout
-(``wrap_model_chunks_with_ddp``: reduce-scatter + all-gather, ownership by numel), the legacy path (no layout:
-all-reduce, then the layer-wise optimizer's uneven all-gather) or ours (`nemo_muon.megatron.core_018_plus.cost_layout`:
-reduce-scatter + all-gather, ownership by update cost). 0.16 / 0.17 have no layout: always the legacy path."""
+"""The harness's learning rate (`optimizer_config`)."""
+_pg_collection = mpu_process_groups
 
 
 def _ddp(model, config, opt, layer_wise: bool, grad_reduce_in_fp32: bool = False, layout: str = "megatron"):
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
-    ddp_config = DistributedDataParallelConfig(**{**ddp_config_kwargs(opt), "grad_reduce_in_fp32": grad_reduce_in_fp32})
-    try:  # Megatron-Core >= 0.18 ships the wiring that computes the layer-wise param layout
-        from megatron.training.training import wrap_model_chunks_with_ddp
-    except ImportError:  # 0.16: the wheel has no megatron.training
-        return DistributedDataParallel(config, ddp_config, model)
-    if layer_wise and layout == "cost":
-        from nemo_muon.megatron.core_018_plus.cost_layout import wrap_with_cost_layout
-
-        (wrapped,), (plan,) = wrap_with_cost_layout([model], config, ddp_config, ours=opt,
-                                                    pg_collection=_pg_collection(), bucket_size=ddp_config.bucket_size)
-        wrapped.cost_layout_plan = plan  # the plan the layout encodes, for the tests
-        return wrapped
-    return wrap_model_chunks_with_ddp([model], config, ddp_config, use_layer_wise_distributed_optimizer=layer_wise,
-                                      use_layer_wise_param_layout=layout != "legacy")[0]
-
-
-def _has_layouts() -> bool:
-    """Megatron-Core >= 0.18: DDP decides the wiring from a parameter layout."""
-    from nemo_muon.megatron.generations import installed_core_generation
-
-    return installed_core_generation().parameter_layout
-
-
-def _pg_collection():
-    from megatron.core import parallel_state
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    pgs = ProcessGroupCollection.use_mpu_process_groups()
-    pgs.dp_cp = parallel_state.get_data_parallel_group(with_context_parallel=True)
-    pgs.expt_dp = parallel_state.get_expert_data_parallel_group()
-    return pgs
-
-
-def _batch(step: int, dp_rank: int, vocab: int):
-    """Tokens of one (step, DP rank): a fixed pool of 4 sequences per rank, cycled (so the loss can fall)."""
-    import torch
-
-    g = torch.Generator().manual_seed(SEED + 97 * dp_rank + step % 4)
-    tokens = torch.randint(0, vocab, (MICRO_BATCH, SEQ + 1), generator=g)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    """`wrap_in_ddp` over Megatron's initialized process groups."""
+    return wrap_in_ddp(model, config, opt, layer_wise, _pg_collection(), grad_reduce_in_fp32, layout)
 
 
 def _seeded_model(spec_name: str, optimizer_name: str, engine: str = "nemo_muon", grad_reduce_in_fp32: bool = False,
@@ -228,50 +141,6 @@ GLOBAL_MICRO_BATCHES = 2
 of them (batch ids ``dp_rank * that + i``), so DP=1 and DP=2 train on the same global batch."""
 
 
-def _forward_backward(ddp_model, optimizer, step: int, dp_rank: int, vocab: int, micro_batches: int = 1,
-                      loss_factor: float = 1.0):
-    """Zero the grads, then ``micro_batches`` micro-batches of step ``step`` forward and backward through Megatron's
-    schedule (grads accumulated, then reduced by DDP's finalize); returns the loss tensor (mean logit-level loss of
-    this rank's micro-batches; zero on a pipeline stage before the last). ``loss_factor`` multiplies the loss (NaN: a
-    fault in this rank's backward). ``ddp_model``: one DDP chunk, or a rank's list of virtual-pipeline chunks."""
-    import torch
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    batches = [_batch(step, dp_rank * micro_batches + i, vocab) for i in range(micro_batches)]
-    position_ids = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
-    mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
-
-    def forward_step(data_iterator, m):
-        input_ids, labels = next(data_iterator)
-        out = m(input_ids, position_ids, mask, labels=labels)
-
-        def loss_func(output_tensor):
-            loss = output_tensor.float().mean() * loss_factor
-            return loss, {"lm loss": loss.detach().clone()}  # the schedule divides the loss in place
-
-        return out, loss_func
-
-    chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]
-    for chunk in chunks:
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()
-    data = iter(batches) if len(chunks) == 1 else [iter(batches) for _ in chunks]
-    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=chunks,
-                                      num_microbatches=micro_batches, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
-                                      forward_only=False)
-    if not out:  # a pipeline stage before the last: no loss here
-        return torch.zeros(())
-    return torch.stack([o["lm loss"] for o in out]).mean()
-
-
-def ddp_config_kwargs(opt: Any) -> dict[str, Any]:
-    """`DistributedDataParallelConfig` kwargs: the optimizer's flags (`nemo_muon.megatron.shared.optimizer_config.ddp_flags`), no overlap, bf16 reductions."""
-    from nemo_muon.megatron.shared.optimizer_config import ddp_flags
-
-    return {**ddp_flags(opt), "overlap_grad_reduce": False, "overlap_param_gather": False,
-            "grad_reduce_in_fp32": False}
-
-
 def optimizer_config(name: str, engine: str = "nemo_muon", nonfinite: str = "raise"):
     """The harness's config of the registered optimizer ``name`` ('adamw', 'muon', 'soap', 'normuon', ...): lr `LR`,
     no weight decay, its registry entry's megatron ``recipe_defaults``, and the engine and policy of a matrix one."""
@@ -293,84 +162,6 @@ def _optimizer_classes(optimizer) -> list[str]:
     elif getattr(optimizer, "optimizer", None) is not None:
         names.append(type(optimizer.optimizer).__name__)
     return names
-
-
-def _matrix_masters(optimizer, names: dict[int, str]) -> dict[str, tuple]:
-    """Model parameter name -> (fp32 master weight, the torch optimizer that updates it) for the bf16 parameters of
-    the layer-wise optimizer's matrix optimizer (Megatron's TensorParallelMuon, our MegatronMuon or MegatronSOAP) on
-    this rank."""
-    out = {}
-    if hasattr(optimizer, "chained_optimizers"):
-        for sub in optimizer.chained_optimizers:
-            out.update(_matrix_masters(sub, names))
-        return out
-    inner = getattr(optimizer, "optimizer", None)
-    if inner is not None and any(k in type(inner).__name__ for k in ("Muon", "SOAP")):
-        for model_group, master_group in zip(optimizer.float16_groups, optimizer.fp32_from_float16_groups,
-                                             strict=True):
-            for model_p, master in zip(model_group, master_group, strict=True):
-                out[names[id(model_p)]] = (master, inner)
-    return out
-
-
-def _masters(optimizer, names: dict[int, str]) -> dict[str, Any]:
-    """Model parameter name -> fp32 master weight (numpy) of every parameter this rank's Megatron optimizer updates
-    (the bf16 parameters' fp32 copies and the fp32 parameters themselves; under the layer-wise optimizer: the ones
-    this DP rank owns)."""
-    out = {}
-    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if sub is not optimizer and hasattr(sub, "chained_optimizers"):
-            out.update(_masters(sub, names))
-            continue
-        for model_group, master_group in zip(getattr(sub, "float16_groups", []),
-                                             getattr(sub, "fp32_from_float16_groups", []), strict=True):
-            for model_p, master in zip(model_group, master_group, strict=True):
-                out[names[id(model_p)]] = master.detach().float().numpy().copy()
-        for group in getattr(sub, "fp32_from_fp32_groups", []):
-            for p in group:
-                out[names[id(p)]] = p.detach().float().numpy().copy()
-    return out
-
-
-CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
-"""What megatron.training passes for torch_dist checkpoints: distributed-optimizer state in model space."""
-
-
-def _checkpoint_state(ddp_model, optimizer, *, loading: bool) -> dict:
-    model_sd = ddp_model.module.sharded_state_dict(metadata=CHECKPOINT_METADATA)
-    return {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=loading,
-                                                                         metadata=CHECKPOINT_METADATA)}
-
-
-def settle(ddp_model) -> None:
-    """Finish the parameter gathers a Megatron-Core 0.16 / 0.17 step leaves to the next forward
-    (`nemo_muon.megatron.core_016_017.owner_gather`), before reading the parameters outside a forward."""
-    gathers = getattr(ddp_model, "param_gathers", None)
-    if gathers is not None:
-        gathers.finish()
-
-
-def resume_from(ddp_model, optimizer, checkpoint_dir: str, state_for_load: dict | None = None) -> None:
-    """Megatron's `dist_checkpointing.load` of ``checkpoint_dir`` into the model and the optimizer, as
-    megatron.training resumes (``state_for_load``: the sharded state dict, when the caller built it already)."""
-    from megatron.core import dist_checkpointing
-
-    if state_for_load is None:
-        state_for_load = _checkpoint_state(ddp_model, optimizer, loading=True)
-    loaded = dist_checkpointing.load(state_for_load, checkpoint_dir, **integrity_check())
-    ddp_model.module.load_state_dict(loaded["model"])
-    optimizer.load_state_dict(loaded["optimizer"])
-
-
-def integrity_check() -> dict[str, bool]:
-    """``verify_integrity=True`` where `dist_checkpointing.save` / ``load`` have it (Megatron-Core 0.19: a SHA-256
-    manifest written on save and checked before anything is read on load); nothing on 0.16, which has none."""
-    import inspect
-
-    from megatron.core import dist_checkpointing
-
-    return {"verify_integrity": True} if "verify_integrity" in inspect.signature(dist_checkpointing.load).parameters \
-        else {}
 
 
 @contextlib.contextmanager
@@ -874,29 +665,6 @@ def _ownership_plan(optimizer):
         if plan is not None:
             return plan
     return None
-
-
-def _state_tensors(ddp_model, optimizer, names: dict[int, str]) -> dict[str, Any]:
-    """Copies of every model weight, fp32 master and optimizer-state tensor, by a readable label."""
-    import torch
-
-    settle(ddp_model)
-    tensors = {f"weight {n}": p.detach().clone() for n, p in ddp_model.module.named_parameters()}
-    tensors |= {f"master {n}": torch.from_numpy(m) for n, m in _masters(optimizer, names).items()}
-    for i, sub in enumerate(getattr(optimizer, "chained_optimizers", [optimizer])):
-        for group in sub.optimizer.param_groups:
-            for j, p in enumerate(group["params"]):
-                for k, v in sub.optimizer.state.get(p, {}).items():
-                    if isinstance(v, torch.Tensor):
-                        tensors[f"state {i}.{j}.{k}"] = v.detach().clone()
-    return tensors
-
-
-def _bits(tensor):
-    """The tensor's bytes (so that equal NaN placeholders compare equal)."""
-    import torch
-
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8) if tensor.numel() else tensor
 
 
 def attempt_resumes(rank: int, world_size: int, group: Any, attempts: list[tuple[str, str, str]]) -> list[dict]:

@@ -3,7 +3,7 @@
 The field values are those of Megatron-Bridge 0.3.0's model providers (`KimiK2Provider`; `Qwen3MoEModelProvider`
 as `AutoBridge` builds it from the Hub config): the container-stack tests compare this mapping for the full
 `KIMI_K2` / `QWEN3_30B_A3B` specs with the real providers field by field, so a tiny spec of the same family gets
-the same architecture, shrunk. Torch-free: the caller builds `MLATransformerConfig` (``"mla"``) or
+the same architecture, shrunk (preflight's tiny model, `nemo_muon.preflight.tiny_model`, and the CPU harness). Torch-free: the caller builds `MLATransformerConfig` (``"mla"``) or
 `TransformerConfig` from the kwargs.
 """
 
