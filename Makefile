@@ -35,7 +35,8 @@ MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provid
 	test_a_split_target_on_a_layout_not_planned_with_it_is_refused_naming_the_field) \
 	tests/megatron_cpu/test_owner_collectives.py \
 	tests/megatron_cpu/test_optimizer_state_checkpoint.py tests/megatron_cpu/test_megatron_parity.py \
-	tests/megatron_cpu/test_pinned_hook_points.py $(NEWEST_TESTS)/test_bridge_checkpoint.py
+	tests/megatron_cpu/test_pinned_hook_points.py $(NEWEST_TESTS)/test_bridge_checkpoint.py \
+	tests/megatron_cpu/test_preflight.py
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
 # Tests of the newest stack (Bridge >= 0.4's extension point) live here and run only there.
@@ -106,7 +107,7 @@ test-stack: stack-venv
 	OMP_NUM_THREADS=1 $(STACK_VENV)/bin/python -m pytest $(STACK_TESTS) tests/megatron_cpu
 
 test-newest: newest-venv
-	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS) \
+	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS) tests/megatron_cpu/test_preflight.py \
 	  --ignore=$(NEWEST_TESTS)/test_bridge_recipes_04_05.py
 	for r in $(MID_RELEASES); do OMP_NUM_THREADS=1 .venv-ngc-$$r/bin/python -m pytest $(MID_TESTS) || exit 1; done
 

@@ -1,4 +1,4 @@
-"""The ``nemo-muon`` command: launch, bench, report, plan, doctor, recipes, profiles, cancel. Torch-free at import."""
+"""The ``nemo-muon`` command: launch, bench, report, plan, doctor, preflight, recipes, profiles, cancel. Torch-free at import."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from nemo_muon.launchers.bench import bench
 from nemo_muon.launchers.doctor import doctor
 from nemo_muon.launchers.launch import launch
 from nemo_muon.launchers.plan import plan
+from nemo_muon.launchers.preflight import preflight
 from nemo_muon.launchers.report import report
 
 
@@ -74,5 +75,5 @@ def cancel_cmd(job_id: str) -> None:
     click.echo(f"cancelled slurm job {job_id}")
 
 
-for _command in (launch, bench, report, plan, doctor):  # plan: engineer 3's planner (launchers/plan.py)
+for _command in (launch, bench, report, plan, doctor, preflight):  # plan: engineer 3's planner (launchers/plan.py)
     main.add_command(_command)

@@ -1,0 +1,377 @@
+"""What every rank of a preflight runs: the recipe's optimizer path and the reference path, side by side, then checks.
+
+On the ranks of the allocation (torch.distributed's default group initialized by the caller: NCCL on GPUs, gloo on
+CPU), inside Megatron's model-parallel state with the request's expert-parallel size: two replicas of the tiny model
+of the recipe's family from one seed, ours (`preflight_plan`: the recipe's optimizer as the job builds it) and the
+reference (the same optimizer on the least-patched path), trained step by step on the same batches; the masters are
+compared after the first step, the losses after every step. Ours is saved
+at `PreflightRequest.checkpoint_step` with Megatron's `dist_checkpointing`, a third replica resumed from it and
+trained to the end, and one more step of that replica gets a NaN gradient on the last data-parallel rank. Every rank
+returns the same `Figures`; `nemo_muon.preflight.checks` turns them into verdicts.
+
+``plant`` (tests): ``plant(moment, role, replica)`` is called on every rank at ``"built"`` (after a replica's
+optimizer is built) and ``"saved"`` / ``"resumed"`` (after the save, after the resume); a planted fault (a wrong
+owner, a skipped gather after resume, a corrupted shard) must make the check it breaks fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nemo_muon.preflight.request import WARMUP_STEPS, PreflightRequest, preflight_plan
+
+Plant = Callable[[str, str, "Replica"], None]
+
+
+@dataclasses.dataclass
+class Replica:
+    """One replica: the DDP-wrapped tiny model, the Megatron optimizer built for it, and what they are."""
+
+    role: str
+    opt: Any
+    layout: str
+    ddp_model: Any
+    optimizer: Any
+    vocab: int
+
+    @property
+    def names(self) -> dict[int, str]:
+        """id(param) -> parameter name."""
+        return {id(p): n for n, p in self.ddp_model.module.named_parameters()}
+
+
+@dataclasses.dataclass
+class Figures:
+    """What the runs showed, identical on every rank (reduced or gathered over the world)."""
+
+    paths: dict[str, str]
+    losses: dict[str, list[float]]
+    step_s: dict[str, list[float]]
+    skipped: dict[str, list[int]]
+    master_worst: tuple[str, float] | None = None
+    """The masters after the first step (from equal states, on the same batch): (parameter, `master_worst`)."""
+    master_worst_last: tuple[str, float] | None = None
+    """The same after the last step (reported, not checked: later steps start from states that already differ by
+    the paths' rounding, which reroutes tokens between experts and moves an expert's update by a sizable fraction;
+    measured 0.23-0.31 on CPU after 6 steps of tiny Kimi K2 where the first step was bit for bit)."""
+    owner_problems: list[str] = dataclasses.field(default_factory=list)
+    replica_problems: list[str] = dataclasses.field(default_factory=list)
+    resume_problems: list[str] = dataclasses.field(default_factory=list)
+    nonfinite: dict[str, Any] = dataclasses.field(default_factory=dict)
+    matrices: int = 0
+    devices: list[str] = dataclasses.field(default_factory=list)
+
+    def step_time_ratio(self) -> float:
+        """Median optimizer-step time after `WARMUP_STEPS`, ours over the reference's (slowest rank per step)."""
+        ours, ref = (statistics.median(self.step_s[r][WARMUP_STEPS:]) for r in ("ours", "reference"))
+        return ours / ref if ref > 0 else float("inf")
+
+
+def _device() -> Any:
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def build_replica(role: str, opt: Any, layout: str, recipe: Any, ep: int) -> Replica:
+    """A replica from the fixed seed on this rank's device, its DDP wrap and the optimizer of ``opt``."""
+    import torch
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from nemo_muon.megatron.shared.build import build_megatron_optimizer, mpu_process_groups
+    from nemo_muon.preflight.batches import SEED
+    from nemo_muon.preflight.tiny_model import build_tiny_model, tiny_spec_of_family
+    from nemo_muon.preflight.wiring import has_layouts, wrap_in_ddp
+
+    model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
+    torch.manual_seed(SEED)
+    model, config, spec = build_tiny_model(tiny_spec_of_family(recipe.model.family), ep=ep)
+    model = model.to(_device())
+    pgs = mpu_process_groups()
+    ddp_model = wrap_in_ddp(model, config, opt, True, pgs, layout=layout)
+    if getattr(opt, "engine", None) == "nemo_muon" and has_layouts():  # on >= 0.18 DDP's wiring decides
+        wired = "reduce_scatter" if ddp_model.ddp_config.use_distributed_optimizer else "all_reduce"
+        opt = dataclasses.replace(opt, collectives=wired)
+    ddp_model.broadcast_params()
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = ddp_model.no_sync
+    optimizer, _ = build_megatron_optimizer(opt, [ddp_model], grad_clip=recipe.trainer.grad_clip, pg_collection=pgs)
+    return Replica(role, opt, layout, ddp_model, optimizer, spec.vocab_size)
+
+
+def train_step(replica: Replica, step: int, dp_rank: int, dp_size: int) -> tuple[float, float, bool]:
+    """(loss averaged over the data-parallel ranks, optimizer-step seconds of the slowest rank, applied) of one step."""
+    import torch
+    import torch.distributed as dist
+
+    from nemo_muon.preflight.batches import forward_backward
+
+    loss = forward_backward(replica.ddp_model, replica.optimizer, step, dp_rank, replica.vocab)
+    _sync()
+    start = time.perf_counter()
+    ok, _, _ = replica.optimizer.step()
+    _sync()
+    elapsed = time.perf_counter() - start
+    figures = torch.tensor([float(loss), elapsed], dtype=torch.float64, device=_device())
+    peak = figures[1:].clone()
+    dist.all_reduce(figures[:1])
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return float(figures[0]) / dp_size, float(peak[0]), bool(ok)
+
+
+def _key(param: Any, name: str, ep_rank: int) -> str:
+    """A parameter's name across the world: an expert's is per expert-parallel rank (each holds other experts)."""
+    return f"ep{ep_rank}/{name}" if getattr(param, "allreduce", True) is False else name
+
+
+def _owned(replica: Replica, ep_rank: int) -> dict[str, Any]:
+    """World-wide key -> fp32 master (numpy) of every parameter this rank's optimizer updates."""
+    from nemo_muon.preflight.state import masters
+
+    params = dict(replica.ddp_model.module.named_parameters())
+    return {_key(params[n], n, ep_rank): m for n, m in masters(replica.optimizer, replica.names).items()}
+
+
+def _matrix_keys(replica: Replica, ep_rank: int) -> set[str]:
+    """World-wide keys of the matrices this rank's layer-wise matrix optimizer updates (the owners the plan decides;
+    the rest is Megatron's distributed Adam, sharded by Megatron)."""
+    from nemo_muon.preflight.state import matrix_masters
+
+    params = dict(replica.ddp_model.module.named_parameters())
+    return {_key(params[n], n, ep_rank) for n in matrix_masters(replica.optimizer, replica.names)}
+
+
+def _gather(obj: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _weight_digests(replica: Replica, ep_rank: int) -> dict[str, str]:
+    """Key -> SHA-256 of the bf16 weight this rank's model holds (after the gathers a step left to the forward)."""
+    import hashlib
+
+    from nemo_muon.preflight.state import bits, settle
+
+    settle(replica.ddp_model)
+    return {_key(p, n, ep_rank): hashlib.sha256(bits(p.detach().cpu()).numpy().tobytes()).hexdigest()
+            for n, p in replica.ddp_model.module.named_parameters()}
+
+
+def replica_problems(role: str, replica: Replica, ep_rank: int) -> list[str]:
+    """Parameters whose weights differ between ranks that should hold the same copy, named (collective)."""
+    by_rank = _gather(_weight_digests(replica, ep_rank))
+    problems = []
+    for key in sorted(set().union(*by_rank)):
+        holders = {d[key] for d in by_rank if key in d}
+        if len(holders) > 1:
+            problems.append(f"{role}: {key} differs between data-parallel replicas ({len(holders)} versions)")
+    return problems
+
+
+def owner_problems(role: str, owned_by_rank: list[dict[str, Any]], keys: set[str], splits_allowed: bool) -> list[str]:
+    """Parameters no rank updates, or several ranks update without split ownership, or whose split owners disagree."""
+    import numpy as np
+
+    problems = []
+    for key in sorted(keys):
+        owners = [r for r, owned in enumerate(owned_by_rank) if key in owned]
+        if not owners:
+            problems.append(f"{role}: {key} has no owner")
+        elif len(owners) > 1 and not splits_allowed:
+            problems.append(f"{role}: {key} is updated by ranks {owners} without split ownership")
+        elif len(owners) > 1 and any(not np.array_equal(owned_by_rank[owners[0]][key], owned_by_rank[r][key])
+                                     for r in owners[1:]):
+            problems.append(f"{role}: the split owners {owners} of {key} disagree")
+    return problems
+
+
+def master_worst(ours: dict[str, Any], ref: dict[str, Any], initial: dict[str, Any]) -> tuple[str, float]:
+    """(key, max |ours - reference| / max |reference - initial|) of the parameter farthest from the reference."""
+    import numpy as np
+
+    worst = ("", 0.0)
+    for key, theirs in ref.items():
+        moved = float(np.abs(theirs - initial[key]).max())
+        diff = float(np.abs(ours[key] - theirs).max())
+        figure = diff / moved if moved > 0 else (0.0 if diff == 0 else float("inf"))
+        if figure > worst[1] or not worst[0]:
+            worst = (key, figure)
+    return worst
+
+
+def _compare_masters(ours: dict[str, Any], ref: dict[str, Any], initial: dict[str, Any],
+                     matrices: set[str]) -> tuple[str, float]:
+    """`master_worst` over the matrices both paths report. Adam's parameters are left out: its first step moves
+    each element by +-lr along the sign of its gradient, so a near-zero gradient summed in another order flips an
+    element's update (measured: 1.67x the movement on 0.16 at DP=2, EP=2); the matrices' update is orthogonalized
+    over the whole gradient."""
+    common = set(ours) & set(ref) & matrices
+    return master_worst({k: ours[k] for k in common}, {k: ref[k] for k in common}, initial)
+
+
+def _merged(owned_by_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for owned in owned_by_rank:
+        out.update(owned)
+    return out
+
+
+def run_preflight(request: PreflightRequest, checkpoint_dir: str, plant: Plant | None = None) -> Figures:
+    """Run the preflight of ``request`` on every rank of the default group (see the module doc); collective."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from nemo_muon.preflight.wiring import has_layouts
+
+    recipe = request.training_recipe()
+    paths = preflight_plan(recipe, has_layouts())
+    world = dist.get_world_size()
+    if world != request.world_size:
+        raise ValueError(f"preflight.world_size is {request.world_size} but {world} ranks joined")
+    parallel_state.initialize_model_parallel(expert_model_parallel_size=request.ep)
+    try:
+        return _run(request, recipe, paths, checkpoint_dir, plant or (lambda *_: None), parallel_state)
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str, plant: Plant,
+         parallel_state: Any) -> Figures:
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    from nemo_muon.preflight.state import checkpoint_state, integrity_check
+
+    dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
+    replicas = {}
+    for path in paths:
+        replicas[path.role] = build_replica(path.role, path.opt, path.layout, recipe, request.ep)
+        plant("built", path.role, replicas[path.role])
+    figures = Figures(paths={r.role: p.describe() for r, p in zip(replicas.values(), paths, strict=True)},
+                      losses={r: [] for r in replicas}, step_s={r: [] for r in replicas},
+                      skipped={r: [] for r in replicas}, devices=_gather(str(_device())))
+    initial = _merged(_gather(_owned(replicas["reference"], ep_rank)))
+    keys = set().union(*(set().union(*_gather(_matrix_keys(r, ep_rank))) for r in replicas.values()))
+    for step in range(request.steps):
+        for role, replica in replicas.items():
+            loss, seconds, ok = train_step(replica, step, dp_rank, dp_size)
+            figures.losses[role].append(loss)
+            figures.step_s[role].append(seconds)
+            if not ok:
+                figures.skipped[role].append(step)
+        if step == 0:  # from equal states on the same batch: the two paths' masters are comparable (MASTER_RTOL)
+            first = {role: _merged(_gather(_owned(replica, ep_rank))) for role, replica in replicas.items()}
+            figures.master_worst = _compare_masters(first["ours"], first["reference"], initial, keys)
+        if step + 1 == request.checkpoint_step:
+            ours = replicas["ours"]
+            dist_checkpointing.save(checkpoint_state(ours.ddp_model, ours.optimizer, loading=False), checkpoint_dir,
+                                    **integrity_check())
+            dist.barrier()
+            plant("saved", "ours", ours)
+    owned = {role: _gather(_owned(replica, ep_rank)) for role, replica in replicas.items()}
+    for role, replica in replicas.items():
+        split = getattr(replica.opt, "ns_split_target", None) is not None
+        figures.owner_problems += owner_problems(role, owned[role], keys, split)
+        figures.replica_problems += replica_problems(role, replica, ep_rank)
+    ours_masters = _merged(owned["ours"])
+    figures.master_worst_last = _compare_masters(ours_masters, _merged(owned["reference"]), initial, keys)
+    figures.matrices = len(keys)
+    resumed = _resume(request, recipe, paths[0], checkpoint_dir, plant, dp_rank, dp_size, ep_rank, figures,
+                      ours_masters)
+    figures.nonfinite = nonfinite_step(resumed, request.steps, dp_rank, dp_size,
+                                       getattr(resumed.opt, "nonfinite", "raise"))
+    return figures
+
+
+def _resume(request: PreflightRequest, recipe: Any, path: Any, checkpoint_dir: str, plant: Plant, dp_rank: int,
+            dp_size: int, ep_rank: int, figures: Figures, ours_masters: dict[str, Any]) -> Replica:
+    """A fresh replica of ours resumed from the checkpoint and trained to the end: its losses and masters must be
+    ours' bit for bit, its replicas agree; problems go to ``figures.resume_problems``."""
+    import numpy as np
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from nemo_muon.preflight.state import resume_from
+
+    resumed = build_replica("resumed", path.opt, path.layout, recipe, request.ep)
+    error = None
+    try:
+        resume_from(resumed.ddp_model, resumed.optimizer, checkpoint_dir)
+    except (Exception, CheckpointException) as exc:  # whatever Megatron raises is the verdict
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{_where(exc)}"[:300]
+    errors = [e for e in _gather(error) if e]
+    if errors:
+        figures.resume_problems.append(f"the checkpoint saved after step {request.checkpoint_step} does not load: "
+                                       f"{errors[0]}")
+        return build_replica("resumed", path.opt, path.layout, recipe, request.ep)
+    plant("resumed", "ours", resumed)
+    for step in range(request.checkpoint_step, request.steps):
+        loss, _, _ = train_step(resumed, step, dp_rank, dp_size)
+        if loss != figures.losses["ours"][step]:
+            figures.resume_problems.append(f"step {step + 1} after resume: loss {loss!r} where the uninterrupted run "
+                                           f"had {figures.losses['ours'][step]!r}")
+            break
+    masters = _merged(_gather(_owned(resumed, ep_rank)))
+    differ = sorted(k for k in ours_masters if k not in masters or not np.array_equal(masters[k], ours_masters[k]))
+    if differ:
+        figures.resume_problems.append(f"{len(differ)} masters differ from the uninterrupted run after "
+                                       f"{request.steps} steps, first {differ[0]}")
+    figures.resume_problems += replica_problems("resumed", resumed, ep_rank)
+    dist.barrier()
+    return resumed
+
+
+def _where(exc: BaseException) -> str:
+    """`` (at <file>:<line> in <function>)`` of the innermost frame that raised ``exc``."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {'/'.join(last.filename.split('/')[-3:])}:{last.lineno} in {last.name})"
+
+
+def nonfinite_step(replica: Replica, step: int, dp_rank: int, dp_size: int, policy: str) -> dict[str, Any]:
+    """One step in which the last data-parallel rank alone has a NaN in a reduced gradient it owns: what every rank
+    did under ``policy`` ('skip': skipped, state untouched; 'raise': FloatingPointError)."""
+    import torch
+
+    from nemo_muon.preflight.batches import forward_backward
+    from nemo_muon.preflight.state import bits, state_tensors
+
+    names = replica.names
+    params = dict(replica.ddp_model.module.named_parameters())
+    forward_backward(replica.ddp_model, replica.optimizer, step, dp_rank, replica.vocab)
+    if dp_rank == dp_size - 1:
+        from nemo_muon.preflight.state import matrix_masters
+
+        owned = sorted(matrix_masters(replica.optimizer, names)) or sorted(params)
+        params[owned[0]].main_grad.view(-1)[0] = float("nan")
+    before = state_tensors(replica.ddp_model, replica.optimizer, names)
+    outcome: dict[str, Any]
+    try:
+        ok, _, _ = replica.optimizer.step()
+        after = state_tensors(replica.ddp_model, replica.optimizer, names)
+        untouched = before.keys() == after.keys() and all(torch.equal(bits(before[k]), bits(after[k]))
+                                                          for k in before)
+        outcome = {"outcome": "applied" if ok else "skipped", "untouched": untouched}
+    except FloatingPointError as exc:
+        outcome = {"outcome": "raised", "untouched": None, "error": str(exc)[:200]}
+    return {"policy": policy, "ranks": _gather(outcome)}

@@ -1,0 +1,53 @@
+"""`nemo-muon preflight` on the command line: bad input is one line naming the field and nothing starts; the command
+it runs is torchrun over `nemo_muon.preflight.main`, which refuses a machine without CUDA in one line (the CPU
+preflight itself runs in tests/megatron_cpu/test_preflight.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from nemo_muon.launchers.cli import main
+
+from nemo_muon.train.refusals import REFUSED_EXIT
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--recipe", "kimi_k2_mun"], "preflight.recipe must be one of ("),
+    (["--recipe", "tiny_kimi_k2_muon"], "backend must be 'megatron' for preflight"),
+    (["--recipe", "qwen3_30b_a3b_adamw"], "optimizer.kind must be a layer-wise matrix optimizer"),
+    (["--recipe", "kimi_k2_muon", "--nproc-per-node", "2", "--ep", "4"], "preflight.ep must be one of (1, 2)"),
+    (["--recipe", "kimi_k2_muon", "optimizer.collectives=ring"], "optimizer.collectives"),
+])
+def test_bad_input_is_one_line_naming_the_field_and_nothing_starts(args, message, tmp_path):
+    out = tmp_path / "pf"
+    result = CliRunner().invoke(main, ["preflight", *args, "--out", str(out)])
+    assert result.exit_code == REFUSED_EXIT, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("preflight refused: ") and message in lines[0], result.output
+    assert not out.exists()
+
+
+def test_the_dry_run_prints_torchrun_over_the_preflight_entry_point():
+    result = CliRunner().invoke(main, ["preflight", "--recipe", "kimi_k2_muon_split", "--nproc-per-node", "4",
+                                       "--ep", "2", "--dry-run", "trainer.grad_clip=0.5"])
+    assert result.exit_code == 0, result.output
+    argv = result.output.split()
+    assert argv[1:8] == ["-m", "nemo_muon.launchers.torchrun", "--standalone", "--nproc-per-node", "4", "-m",
+                         "nemo_muon.preflight.main"]
+    assert argv[argv.index("--ep") + 1] == "2" and argv[-1] == "trainer.grad_clip=0.5"
+
+
+def test_the_entry_point_refuses_a_machine_without_cuda_in_one_line(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the entry point runs the preflight here instead of refusing")
+    argv = [sys.executable, "-m", "nemo_muon.preflight.main", "--recipe", "kimi_k2_muon", "--out", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == REFUSED_EXIT, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "preflight refused: no CUDA device on this machine (preflight proves the GPU path; on CPU it runs in the "
+        "test harness, tests/megatron_cpu/test_preflight.py)"]
