@@ -104,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
         return REFUSED_EXIT
     _watchdog(request.time_limit_s)
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
     dist.init_process_group("nccl", timeout=timedelta(seconds=request.time_limit_s))
     try:
         doc, code = preflight_on_rank(request)

@@ -113,7 +113,6 @@ def _preflight(tmp_path, recipe="kimi_k2_muon", world_size=2, plant=None, **kwar
 ])
 def test_the_recipes_path_passes_every_check_and_writes_its_report(tmp_path, recipe, world_size, ep, overrides):
     result, out = _preflight(tmp_path, recipe, world_size, ep=ep, overrides=overrides)
-    print("\n".join(result["checks"]))
     assert result["code"] == 0, result["first_failure"]
     doc = json.loads((out / "preflight.json").read_text())
     assert doc["passed"] and [c["name"] for c in doc["checks"]] == list(CHECK_NAMES)
