@@ -20,19 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nemo_muon.config.files import make_folder, write_file
+from nemo_muon.rank_env import rank_env_from_slurm
 from nemo_muon.secret_policy import MASK, is_secret, shown_redacted
 
 LAUNCH_ENV_VAR = "NEMO_MUON_LAUNCH_ENV"
 """Comma-separated names of the variables the launcher set for the job (recorded in launch.json)."""
-
-
-def rank_env_from_slurm(env: dict[str, str]) -> None:
-    """Fill RANK/WORLD_SIZE/LOCAL_RANK from Slurm's task variables when no launcher (torchrun) set them."""
-    if "RANK" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) <= 1:
-        return
-    env["RANK"] = env["SLURM_PROCID"]
-    env["WORLD_SIZE"] = env["SLURM_NTASKS"]
-    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
 
 
 def launch_record(recipe_name: str | None, overrides: Sequence[str], env: dict[str, str],

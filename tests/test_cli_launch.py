@@ -158,7 +158,9 @@ def test_bench_dry_run_prints_muon_then_its_baseline_on_the_same_layout(tmp_path
 
 
 def test_job_entry_takes_ranks_from_slurm_tasks_and_records_masked_env() -> None:
-    from nemo_muon.launchers.run_recipe import launch_record, rank_env_from_slurm
+    from nemo_muon.launchers.run_recipe import launch_record
+
+    from nemo_muon.rank_env import rank_env_from_slurm
 
     env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}
     rank_env_from_slurm(env)
