@@ -28,6 +28,9 @@ from nemo_muon.secret_policy import MASK, is_secret_value, split_secrets
 ENTRY_MODULE = "nemo_muon.launchers.run_recipe"
 TORCHRUN_MODULE = "nemo_muon.launchers.torchrun"
 """torchrun, where a refused run ends as rank 0's one line and the refusal's exit code (`launchers.torchrun`)."""
+PREFLIGHT_MODULE = "nemo_muon.preflight.main"
+PREFLIGHT_FOLDER = "preflight"
+"""The job's preflight reports, inside its run folder."""
 DOCKER_MASTER_PORT = 29500
 MULTI_NODE_DOCKER_VARS: tuple[str, ...] = ("PET_NODE_RANK", "PET_MASTER_ADDR")
 """Set on each node for a multi-node docker run (torchrun reads --node-rank / --master-addr from them)."""
@@ -53,6 +56,8 @@ class LaunchOptions:
     cluster: str | None = None
     profiles: str | None = None
     dependency: str | None = None
+    preflight: bool | None = None
+    """Run `nemo-muon preflight` as the job's first step (None: the recipe's ``system.preflight``)."""
 
 
 @dataclass(kw_only=True)
@@ -76,6 +81,13 @@ class LaunchPlan:
     """Where `execute` writes ``document`` before it starts anything (the job's ``--recipe-file``)."""
     script: str | None = None
     script_path: Path | None = None
+    preflight_argv: list[str] | None = None
+    """Local / docker: the preflight command run before ``argv`` (Slurm: the script's first step); None: none."""
+
+    @property
+    def preflight_dir(self) -> Path:
+        """Where the job's preflight writes preflight.json and preflight.md."""
+        return self.run_dir / PREFLIGHT_FOLDER
 
     def write_recipe_file(self) -> Path:
         """Write the resolved recipe document to ``recipe_file`` (atomically); returns its path."""
@@ -88,12 +100,21 @@ class LaunchPlan:
         """The environment of the process we start: ours + the job's variables (secrets included)."""
         return {**os.environ, **self.env, **self.secrets}
 
-    def command_text(self) -> str:
-        """The command as a shell line, secrets masked; local runs show every variable they set."""
+    def command_text(self, argv: list[str] | None = None) -> str:
+        """The command (``argv``, default the run's) as a shell line, secrets masked; local runs show every variable
+        they set."""
         shown = dict(self.env) if self.executor == "local" else {}
         shown.update({k: MASK for k in self.secrets})
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
-        return (prefix + " " if prefix else "") + shlex.join(self.argv)
+        return (prefix + " " if prefix else "") + shlex.join(self.argv if argv is None else argv)
+
+    def _commands_text(self, run_line: str) -> str:
+        """``# run:`` and the command, after the preflight's command where there is one."""
+        if self.preflight_argv is None:
+            return f"{run_line}\n{self.command_text()}\n"
+        return (f"# step 1: nemo-muon preflight (report: {self.preflight_dir}/preflight.md):\n"
+                f"{self.command_text(self.preflight_argv)}\n# step 2, only when the preflight passed (exit 0), "
+                f"{run_line.removeprefix('# ')}\n{self.command_text()}\n")
 
     def describe(self) -> str:
         """Human-readable, exact description of what would be submitted or run (secrets masked)."""
@@ -103,15 +124,16 @@ class LaunchPlan:
             return (f"{head}# sbatch script ({self.script_path}):\n{self.script}\n# submit:\n{self.command_text()}\n")
         nodes = self.recipe.system.num_nodes
         if self.executor == "docker" and nodes > 1:
-            return (f"{head}# run on each of the {nodes} nodes, with PET_NODE_RANK=0..{nodes - 1} and "
-                    f"PET_MASTER_ADDR=<node 0>:\n{self.command_text()}\n")
-        return f"{head}# run:\n{self.command_text()}\n"
+            return head + self._commands_text(f"# run on each of the {nodes} nodes, with PET_NODE_RANK=0..{nodes - 1} "
+                                              "and PET_MASTER_ADDR=<node 0>:")
+        return head + self._commands_text("# run:")
 
     def as_json(self) -> dict[str, Any]:
         return {"executor": self.executor, "recipe": self.recipe_name, "overrides": self.overrides,
                 "run_dir": str(self.run_dir), "env": self.env, "secrets": {k: MASK for k in self.secrets},
                 "recipe_file": str(self.recipe_file) if self.recipe_file else None, "document": self.document,
                 "command": self.command_text(), "script": self.script,
+                "preflight_command": None if self.preflight_argv is None else self.command_text(self.preflight_argv),
                 "script_path": str(self.script_path) if self.script_path else None}
 
 
@@ -146,6 +168,13 @@ def _resolve_recipe(opts: LaunchOptions, profile: ClusterProfile | None) -> tupl
         check_secret_overrides(overrides)
     except ValueError as e:
         raise LaunchError(str(e)) from None
+    if opts.preflight is not None:
+        given = [o for o in overrides if o.split("=", 1)[0].strip() == "system.preflight"]
+        if given:
+            raise LaunchError(f"--{'' if opts.preflight else 'no-'}preflight and {shown(given[-1])} both set "
+                              "system.preflight; pass one of them")
+        if opts.preflight != base.system.preflight:
+            overrides.append(f"system.preflight={str(opts.preflight).lower()}")
     gpus_per_node = _pick(opts.gpus_per_node, profile, "gpus_per_node")
     if opts.nodes is not None and opts.nodes != base.system.num_nodes:
         overrides.append(f"system.num_nodes={opts.nodes}")
@@ -209,6 +238,23 @@ def _refuse_credentials(options: dict[str, str | None]) -> None:
                               "without it")
 
 
+def _preflight_args(recipe: Any, name: str, overrides: list[str], recipe_file: Path, run_dir: Path) -> list[str] | None:
+    """The preflight program's arguments (after ``python``), checked as the job will run them; None without
+    ``system.preflight``. The expert-parallel size is the recipe's scaled to the tiny model on the job's ranks."""
+    if not recipe.system.preflight:
+        return None
+    from nemo_muon.preflight.request import PreflightRequest, allocation_ep
+
+    world = recipe.system.world_size
+    out_dir = str(run_dir / PREFLIGHT_FOLDER)
+    try:
+        request = PreflightRequest(recipe=name, world_size=world, overrides=tuple(overrides), resolved=recipe,
+                                   ep=allocation_ep(recipe, world), out_dir=out_dir)
+    except ValueError as e:
+        raise LaunchError(f"{e} (system.preflight=True: set system.preflight=false, or --no-preflight)") from None
+    return ["-m", PREFLIGHT_MODULE, "--recipe-file", str(recipe_file), "--out", out_dir, "--ep", str(request.ep)]
+
+
 def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> LaunchPlan:
     """Check everything and render the exact command/script; raises LaunchError on bad input."""
     environ = dict(os.environ) if environ is None else environ
@@ -242,6 +288,7 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
         raise LaunchError(str(e)) from None
     recipe_file = document_path(run_dir, document)
     job_args = ["-m", ENTRY_MODULE, "--recipe-file", str(recipe_file)]
+    preflight_args = _preflight_args(recipe, opts.recipe, overrides, recipe_file, run_dir)
     image = _pick(opts.image, profile, "image")
     _refuse_credentials({"--image": image, "--account": opts.account, "--partition": opts.partition})
     common = dict(executor=executor, recipe_name=opts.recipe, recipe=recipe, overrides=overrides, run_dir=run_dir,
@@ -249,8 +296,10 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
     if executor == "local" and nodes != 1:
         raise LaunchError(f"--nodes must be 1 with --executor local (this machine); got {nodes}")
     if executor == "local":
-        argv = [sys.executable, "-m", TORCHRUN_MODULE, "--standalone", "--nproc-per-node", str(gpn), *job_args]
-        return LaunchPlan(**common, argv=argv)
+        def local(args: list[str]) -> list[str]:
+            return [sys.executable, "-m", TORCHRUN_MODULE, "--standalone", "--nproc-per-node", str(gpn), *args]
+        return LaunchPlan(**common, argv=local(job_args),
+                          preflight_argv=None if preflight_args is None else local(preflight_args))
     if executor == "docker":
         if not image:
             raise LaunchError("--image must name the container image for --executor docker (or set image in the "
@@ -262,13 +311,15 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
         else:  # one such command per node; torchrun reads the node's rank and the master from PET_* variables
             rdzv = ["--nnodes", str(nodes), "--master-port", str(DOCKER_MASTER_PORT)]
             forwarded += list(MULTI_NODE_DOCKER_VARS)
-        try:
-            argv = docker_argv(image=image, mounts=mounts, env=plain, forwarded_env=forwarded, workdir=str(root),
+        def docker(args: list[str]) -> list[str]:
+            return docker_argv(image=image, mounts=mounts, env=plain, forwarded_env=forwarded, workdir=str(root),
                                gpus=recipe.system.gpu != "cpu", host_network=nodes > 1,
-                               command=["python", "-m", TORCHRUN_MODULE, *rdzv, "--nproc-per-node", str(gpn), *job_args])
+                               command=["python", "-m", TORCHRUN_MODULE, *rdzv, "--nproc-per-node", str(gpn), *args])
+        try:
+            return LaunchPlan(**common, argv=docker(job_args),
+                              preflight_argv=None if preflight_args is None else docker(preflight_args))
         except ValueError as e:
             raise LaunchError(str(e)) from None
-        return LaunchPlan(**common, argv=argv)
     container = _pick(opts.container, profile, "container", True)
     if container:
         mounts = [*mounts, f"{root}:{root}"]
@@ -280,7 +331,8 @@ def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> La
                        workdir=root, account=_pick(opts.account, profile, "account"),
                        partition=_pick(opts.partition, profile, "partition"),
                        time=_pick(opts.time, profile, "time", "01:00:00"), container=container, image=image,
-                       mounts=mounts, env=plain, forwarded_env=list(secrets), dependency=opts.dependency)
+                       mounts=mounts, env=plain, forwarded_env=list(secrets), dependency=opts.dependency,
+                       preflight=preflight_args)
     except ValueError as e:
         message = str(e).replace("slurm image must be set", "--image must be set (or --no-container)")
         raise LaunchError(message) from None

@@ -39,7 +39,8 @@ def _progress(job_id: str) -> Any:
 
 def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = None,
             progress: bool = True) -> LaunchResult:
-    """Run or submit the plan. Local/docker runs block; Slurm waits (polling squeue at 0.5 s) only if ``wait``.
+    """Run or submit the plan. Local/docker runs block (the preflight first, where the plan has one: the run starts
+    only when it exited 0); Slurm waits (polling squeue at 0.5 s) only if ``wait``.
 
     Ctrl-C while waiting on a Slurm job cancels it (scancel) before returning. Without ``progress`` (``--json``),
     a local/docker run's output goes to stderr so stdout stays machine-readable.
@@ -54,7 +55,14 @@ def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = No
                                   "node (PET_NODE_RANK=0..N-1, PET_MASTER_ADDR=<node 0>); got them unset")
         make_folder(plan.run_dir, what="the run folder")
         plan.write_recipe_file()  # what every rank loads (--recipe-file)
-        code = subprocess.run(plan.argv, env=plan.process_env(), stdout=None if progress else 2, check=False).returncode
+        stdout = None if progress else 2
+        if plan.preflight_argv is not None:
+            code = subprocess.run(plan.preflight_argv, env=plan.process_env(), stdout=stdout, check=False).returncode
+            if code != 0:
+                click.echo(f"preflight failed (exit {code}): the run was not started; report: "
+                           f"{plan.preflight_dir}/preflight.md", err=True)
+                return LaunchResult(exit_code=code)
+        code = subprocess.run(plan.argv, env=plan.process_env(), stdout=stdout, check=False).returncode
         return LaunchResult(exit_code=code)
     assert plan.script_path is not None
     make_folder(plan.run_dir, what="the run folder")
@@ -81,11 +89,12 @@ def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = No
 def options_from_cli(recipe: str, executor: str | None, cluster: str | None, profiles: str | None, nodes: int | None,
                      gpus_per_node: int | None, account: str | None, partition: str | None, time: str | None,
                      image: str | None, container: bool | None, mount: tuple[str, ...], env: tuple[str, ...],
-                     overrides: tuple[str, ...]) -> LaunchOptions:
+                     overrides: tuple[str, ...], preflight: bool | None = None) -> LaunchOptions:
     """LaunchOptions from the shared click options."""
     return LaunchOptions(recipe=recipe, executor=executor, cluster=cluster, profiles=profiles, nodes=nodes,
                          gpus_per_node=gpus_per_node, account=account, partition=partition, time=time, image=image,
-                         container=container, mounts=list(mount), env=list(env), overrides=list(overrides))
+                         container=container, mounts=list(mount), env=list(env), overrides=list(overrides),
+                         preflight=preflight)
 
 
 def _print_recipes(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -157,13 +166,17 @@ def usage_error(e: Exception, env_items: tuple[str, ...] = ()) -> click.UsageErr
 @click.option("--wait-timeout", type=FINITE_POSITIVE, default=None, metavar="SECONDS",
               help="Stop waiting after this long (the job keeps running) [default: no limit].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--preflight/--no-preflight", default=None,
+              help="Run `nemo-muon preflight` as the job's first step; the training starts only when it passed "
+                   "[default: the recipe's system.preflight, on in the GB300 Muon / SOAP recipes].")
 def launch(recipe: str, executor: str | None, cluster: str | None, profiles: str | None, nodes: int | None,
            gpus_per_node: int | None, account: str | None, partition: str | None, time_: str | None,
            image: str | None, container: bool | None, mount: tuple[str, ...], env: tuple[str, ...],
-           overrides: tuple[str, ...], dry_run: bool, wait: bool, wait_timeout: float | None, as_json: bool) -> None:
+           overrides: tuple[str, ...], dry_run: bool, wait: bool, wait_timeout: float | None, as_json: bool,
+           preflight: bool | None) -> None:
     """Launch a recipe locally (torchrun), in docker, or on Slurm; overrides are key=value (trainer.max_steps=10)."""
     opts = options_from_cli(recipe, executor, cluster, profiles, nodes, gpus_per_node, account, partition, time_,
-                            image, container, mount, env, overrides)
+                            image, container, mount, env, overrides, preflight)
     try:
         plan = build_plan(opts)
     except LaunchError as e:

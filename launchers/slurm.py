@@ -80,6 +80,9 @@ class SlurmJob:
     exclusive: bool = True
     dependency: str | None = None
     """e.g. 'afterany:123' to run after another job (bench runs its baseline back to back)."""
+    preflight: list[str] | None = None
+    """argv of the preflight program (``-m nemo_muon.preflight.main ...``), started like the training program as the
+    job's first srun step on the same nodes; the training step runs only when it exited 0 (``set -e``)."""
 
     def __post_init__(self) -> None:
         for name in ("job_name", "account", "partition"):
@@ -126,9 +129,10 @@ def _srun_args(job: SlurmJob) -> list[str]:
     return args
 
 
-def _program(job: SlurmJob) -> str:
-    """The shell text that starts the training program on each node/task (user values quoted)."""
-    quoted = " ".join(shlex.quote(a) for a in job.command)
+def _program(job: SlurmJob, command: list[str]) -> str:
+    """The shell text that starts ``command`` (the training or the preflight program) on each node/task (user values
+    quoted)."""
+    quoted = " ".join(shlex.quote(a) for a in command)
     if job.launcher == "tasks":
         return f"{shlex.quote(job.python)} {quoted}"
     if job.nodes == 1:
@@ -172,7 +176,12 @@ def render_sbatch(job: SlurmJob, *, header: str = "") -> str:
                      + " ".join(job.forwarded_env))
     lines += ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
               f"export MASTER_PORT={RDZV_PORT}", ""]
-    lines.append(" ".join(shlex.quote(a) for a in _srun_args(job)) + " " + _program(job))
+    srun = " ".join(shlex.quote(a) for a in _srun_args(job))
+    if job.preflight is not None:
+        lines += ["# step 1: nemo-muon preflight, the optimizer path on a tiny model of the family on these nodes; the",
+                  "# training (step 2) starts only when it passed: set -e ends the job with its exit code otherwise",
+                  f"{srun} {_program(job, job.preflight)}", "# step 2: the training"]
+    lines.append(f"{srun} {_program(job, job.command)}")
     return "\n".join(lines) + "\n"
 
 

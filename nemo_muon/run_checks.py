@@ -3,7 +3,8 @@
 `check_run` is what `nemo_muon.recipes.execute.build_recipe` calls, and every entry point builds recipes through it
 (``nemo llm pretrain --dryrun``, ``nemo-muon plan``, ``nemo-muon launch`` and the job each rank runs), so they accept
 and refuse the same recipes. It checks, in order: the sections again; the schedule (warmup shorter than training,
-as Megatron's scheduler asserts); the optimizer against its registry entry (`check_optimizer`); the sequence against the model's positions; the backend's own rules (`nemo_muon.train.recipe_rules`,
+as Megatron's scheduler asserts); the optimizer against its registry entry (`check_optimizer`); ``system.preflight``
+only where preflight can prove the path (`check_preflight`); the sequence against the model's positions; the backend's own rules (`nemo_muon.train.recipe_rules`,
 `nemo_muon.megatron.shared.recipe_rules`); the parallel layout on the recipe's world size
 (`accounting.layout.validate_layout`); the widths grouped GEMMs need at the recipe's precision. Torch-free.
 
@@ -36,6 +37,19 @@ def check_optimizer(recipe: TrainingRecipe) -> None:
     check_split_target(recipe.optimizer)
 
 
+def check_preflight(recipe: TrainingRecipe) -> None:
+    """``system.preflight`` only where `nemo-muon preflight` can prove the path: the megatron backend with a
+    layer-wise matrix optimizer (AdamW runs Megatron's own distributed optimizer; the torch backend trains on CPU)."""
+    from nemo_muon.registry import spec_for
+
+    if not recipe.system.preflight:
+        return
+    if recipe.backend != "megatron" or spec_for(recipe.optimizer).matrix is None:
+        raise ValueError(f"system.preflight must be false for backend={recipe.backend!r} with optimizer.kind="
+                         f"{recipe.optimizer.name!r}: preflight proves the megatron backend's layer-wise matrix "
+                         f"optimizers (muon, soap, normuon, ...); got True")
+
+
 def check_sequence(recipe: TrainingRecipe) -> None:
     """The sequence fits the model's positions (RoPE scaling and the torch backend's models are built for them)."""
     seq, positions = recipe.trainer.seq_length, recipe.model.max_position_embeddings
@@ -64,6 +78,7 @@ def check_run(recipe: TrainingRecipe) -> None:
 
     recipe.validate()
     check_optimizer(recipe)
+    check_preflight(recipe)
     check_schedule(recipe)
     check_sequence(recipe)
     try:

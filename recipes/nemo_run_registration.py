@@ -55,6 +55,10 @@ from nemo_muon.secret_policy import is_secret_name, is_secret_value, override_re
 # Megatron's dozen fallback warnings and Bridge's logged import tracebacks become one line (for imports after this one)
 collapse_fallback_warnings()
 
+PREFLIGHT_NOT_RUN = ("system.preflight=True: this entry point starts the training only; prove the optimizer path on "
+                     "the allocation first (`nemo-muon preflight --recipe {recipe} --nproc-per-node <GPUs>`), or "
+                     "submit with `nemo-muon launch --recipe {recipe}`, whose job runs it as its first step")
+"""What ``nemo llm pretrain`` says for a recipe with ``system.preflight`` (NeMo-Run runs one task)."""
 ENTRY_POINT_GROUP = "nemo_run.cli"
 OWN_MODULE_PREFIX = "nemo_muon."
 RECIPES_PACKAGE = "nemo_muon.recipes"
@@ -226,6 +230,8 @@ def launch(ctx: RunContext, recipe_name: str, overrides: list[str]) -> None:
     except ValueError as e:
         raise RunContextError(str(e)) from None
     executor = getattr(ctx, "executor", None)
+    if recipe.system.preflight:  # said, never silently skipped
+        _warn(PREFLIGHT_NOT_RUN.format(recipe=recipe_name))
     if ctx.dryrun:
         print(describe(recipe))
     if executor is not None:

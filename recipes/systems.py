@@ -30,6 +30,10 @@ from nemo_muon.models.specs import ModelSpec
 from nemo_muon.registry import spec_named
 
 # Bridge `_benchmark_common` / library optimizer helpers (lr 3e-4 -> 3e-5 cosine, clip 1.0)
+PREFLIGHT_SYSTEMS: tuple[str, ...] = ("gb300",)
+"""Systems whose layer-wise matrix optimizer recipes run `nemo-muon preflight` as the job's first step by default
+(``system.preflight``; the issue's choice for the GB300 recipes; ``--no-preflight`` or ``system.preflight=false``
+turns it off, ``--preflight`` on for the others)."""
 BENCHMARK_STEPS = 50
 BENCHMARK_WARMUP_STEPS = 10
 BRIDGE_MIN_LR_RATIO = 0.1
@@ -91,7 +95,8 @@ def bridge_perf_recipe(
         optimizer=bridge_optimizer(optimizer, model.name),
         parallelism=ParallelismConfig(tp=row.tp, pp=row.pp, vp=row.vp, cp=row.cp, ep=row.ep, etp=row.etp,
                                       sequence_parallel=row.tp > 1),
-        system=SystemConfig(gpu=gpu, num_nodes=gpus // per_node, gpus_per_node=per_node),
+        system=SystemConfig(gpu=gpu, num_nodes=gpus // per_node, gpus_per_node=per_node,
+                            preflight=gpu in PREFLIGHT_SYSTEMS and spec_named(optimizer).matrix is not None),
         trainer=TrainerConfig(max_steps=BENCHMARK_STEPS, global_batch_size=gbs, micro_batch_size=row.micro_batch_size,
                               seq_length=row.seq_length),
         scheduler=SchedulerConfig(kind="cosine", warmup_steps=BENCHMARK_WARMUP_STEPS, min_lr_ratio=BRIDGE_MIN_LR_RATIO),

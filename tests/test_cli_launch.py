@@ -59,13 +59,19 @@ def test_kimi_k2_gb300_sbatch_has_bridge_perf_lines(tmp_path: Path) -> None:
         assert expected in lines, expected
     for name, value in get_recipe("kimi_k2_muon").env.items():  # the recipe's NCCL/NVTE/CUDA variables
         assert f"export {name}={value}" in lines
-    srun = next(line for line in lines if line.startswith("srun "))
-    assert srun.split(" python ")[0].split() == [
-        "srun", "--kill-on-bad-exit=1", "--mpi=pmix", f"--container-image={IMAGE}", f"--container-mounts=/lustre/data:/data,{root}:{root}",
-        "--no-container-mount-home", "--container-writable", f"--container-workdir={root}"]
+    preflight, srun = [line for line in lines if line.startswith("srun ")]  # the GB300 recipe's two steps
+    for step in (preflight, srun):
+        assert step.split(" python ")[0].split() == [
+            "srun", "--kill-on-bad-exit=1", "--mpi=pmix", f"--container-image={IMAGE}",
+            f"--container-mounts=/lustre/data:/data,{root}:{root}", "--no-container-mount-home", "--container-writable",
+            f"--container-workdir={root}"]
     overrides, document = _job_document(out)
     assert overrides == [f"logging.root={root}"]
     assert srun.endswith(f"python -m nemo_muon.launchers.run_recipe --recipe-file {document}")  # resolved once
+    # the preflight first, on the same document, nodes and image; the training only after it (set -e)
+    assert preflight.endswith(f"python -m nemo_muon.preflight.main --recipe-file {document} --out "
+                              f"{root}/kimi_k2_muon/preflight --ep 8")
+    assert lines.index(preflight) < lines.index(srun) and "set -euo pipefail" in lines[:lines.index(preflight)]
     assert document.parent == root / "kimi_k2_muon" and "logging.root" not in srun
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     assert not root.exists()  # a dry run writes nothing

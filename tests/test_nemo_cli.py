@@ -55,6 +55,10 @@ def test_nemo_llm_pretrain_dryrun_shows_the_layout(llm_entry_point_path, tmp_pat
     assert ("kimi_k2_muon: 256 x gb300 (64 nodes x 4), TP1 PP4 VP4 CP1 EP64 ETP1 DP64, GBS 4096 MBS 2 seq 4096"
             in ok.stdout)
     assert "lr: 0.0001" in ok.stdout and "tp_mode: duplicated" in ok.stdout and "Couldn't load" not in ok.stdout
+    # the recipe's system.preflight is said, not silently skipped: NeMo-Run runs the training task only
+    from nemo_muon.recipes.nemo_run_registration import PREFLIGHT_NOT_RUN
+
+    assert f"nemo-muon: {PREFLIGHT_NOT_RUN.format(recipe='kimi_k2_muon')}" in ok.stderr
 
 
 def test_every_factory_dryruns_in_process(llm_entry_point_path, monkeypatch, tmp_path):

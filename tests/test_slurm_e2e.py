@@ -173,3 +173,84 @@ def test_invalid_input_submits_nothing(slurm_cluster, tmp_path) -> None:
     time.sleep(0.2)
     assert _known_jobs() == before
     assert not list(tmp_path.rglob("*.sbatch"))
+
+
+CPU_ANSWERS_SITE = REPO / "tests" / "megatron_cpu" / "cpu_ranks_site"
+"""A sitecustomize that installs the Megatron CPU harness's shims in a preflight rank (its docstring)."""
+
+
+def _preflight_gate_job(tmp_path: Path, corpus: Path, *, answered: bool) -> tuple[str, Path, str]:
+    """Submit, as `nemo-muon launch --preflight` renders a megatron recipe's job (`slurm.SlurmJob.preflight`, one
+    srun task per rank, no torchrun), a job whose first step is the real preflight of kimi_k2_muon's resolved recipe
+    on the job's 2 CPU ranks (``--device cpu``; the shims only where ``answered``) and whose second step trains the
+    tiny recipe (no megatron recipe trains on CPU); wait for it. (job id, run folder, the job's final ExitCode)."""
+    import os
+
+    from nemo_muon.recipes.execute import build_recipe
+    from nemo_muon.recipes.resolved import document_path, to_document, write_document
+
+    root = tmp_path / "runs"
+    run_dir = root / RECIPE
+    overrides = [f"data.corpus_root={corpus}", "trainer.max_steps=3", "scheduler.warmup_steps=1",
+                 "trainer.eval_interval=3", "trainer.eval_iters=0", f"logging.root={root}"]
+    training = to_document(build_recipe(RECIPE, overrides), source=RECIPE, overrides=overrides)
+    proven = to_document(build_recipe("kimi_k2_muon", []), source="kimi_k2_muon")
+    training_file = write_document(document_path(run_dir, training), training)
+    proven_file = write_document(document_path(run_dir, proven), proven)
+    job = slurm.SlurmJob(
+        job_name="nemo-muon-preflight-gate", nodes=1, gpus_per_node=2, gpu="cpu", launcher="tasks",
+        command=["-m", "nemo_muon.launchers.run_recipe", "--recipe-file", str(training_file)],
+        preflight=["-m", "nemo_muon.preflight.main", "--recipe-file", str(proven_file), "--out",
+                   str(run_dir / "preflight"), "--device", "cpu", "--steps", "4"],
+        python=sys.executable, output_dir=run_dir, workdir=root, time="00:05:00", container=False,
+        env={"PYTHONPATH": f"{CPU_ANSWERS_SITE}:{REPO}", "OMP_NUM_THREADS": "1"} if answered else {})
+    script = run_dir / "gate.sbatch"
+    script.write_text(slurm.render_sbatch(job))
+    job_id = slurm.submit(script, os.environ)
+    state, code = slurm.wait(job_id, timeout_s=300)
+    return job_id, run_dir, f"{state} {code}"
+
+
+def test_a_failed_preflight_step_ends_the_job_before_the_training_starts(slurm_cluster, small_corpus, tmp_path):
+    """Without Megatron's CUDA calls answered, the preflight refuses the CPU ranks (exit 2): the job ends FAILED with
+    that code and the training step never starts (no launch.json, no metrics)."""
+    from nemo_muon.train.refusals import REFUSED_EXIT
+
+    job_id, run_dir, end = _preflight_gate_job(tmp_path, small_corpus, answered=False)
+    assert end == f"FAILED {REFUSED_EXIT}:0", end
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert "preflight refused: preflight.device='cpu' needs Megatron-Core's CUDA calls answered on CPU" in log, log
+    assert not (run_dir / "launch.json").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
+def test_a_passing_preflight_step_lets_the_training_run(slurm_cluster, small_corpus, tmp_path):
+    """With the CPU answers, the job's preflight of kimi_k2_muon passes every check on the job's 2 gloo ranks and
+    writes its report; then the training step trains its 3 steps in the same job, which ends COMPLETED."""
+    job_id, run_dir, end = _preflight_gate_job(tmp_path, small_corpus, answered=True)
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert end == "COMPLETED 0:0", log
+    report = json.loads((run_dir / "preflight" / "preflight.json").read_text())
+    assert report["passed"] and report["topology"]["world_size"] == 2, report["first_failure"]
+    assert report["request"]["recipe"] == "kimi_k2_muon" and report["request"]["device"] == "cpu"
+    assert "preflight passed: 7 checks of kimi_k2_muon" in log
+    assert log.index("preflight passed") < log.index("[3/3")  # the training's progress after the preflight's verdict
+    assert [p.step for p in load_run(run_dir).train] == [1, 2, 3]
+
+
+def test_nemo_muon_preflight_submits_a_slurm_job_and_exits_with_its_code(slurm_cluster, tmp_path):
+    """`nemo-muon preflight --executor slurm --wait`: the script and the job's log land in --out; the job's 2 srun
+    tasks run the entry point, which refuses CPU ranks whose CUDA calls nothing answers (exit 2), and the CLI exits
+    with that code (the passing job's ranks: the gate test above)."""
+    from nemo_muon.train.refusals import REFUSED_EXIT
+
+    out = tmp_path / "pf"
+    result = CliRunner().invoke(main, [
+        "preflight", "--recipe", "qwen3_30b_a3b_muon", "--executor", "slurm", "--no-container", "--nproc-per-node", "2",
+        "--device", "cpu", "--time", "00:05:00", "--out", str(out), "--wait"])
+    job_id = re.search(r"submitted slurm job (\d+)", result.output)
+    assert job_id, result.output
+    log = (out / f"slurm-{job_id.group(1)}.out").read_text()
+    assert result.exit_code == REFUSED_EXIT, result.output + log
+    assert f"FAILED (exit {REFUSED_EXIT}:0)" in result.output and (out / "preflight.sbatch").exists()
+    assert log.count("preflight refused: preflight.device='cpu' needs Megatron-Core's CUDA calls answered") == 1, log
+    assert not (out / "preflight.json").exists()

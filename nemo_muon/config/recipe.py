@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from nemo_muon._validation import check_choice, check_positive_int, check_range, validate_once
+from nemo_muon._validation import check_choice, check_positive_int, check_range, shown, validate_once
 from nemo_muon.config.limits import (
     CPU_COLLECTIVE_TIMEOUT_S,
     GPU_COLLECTIVE_TIMEOUT_S,
@@ -95,6 +95,10 @@ class SystemConfig:
     collective_timeout_s: float | None = None
     """How long a collective waits for a stalled rank before the job fails (torch.distributed's process-group
     timeout; Megatron-Bridge's dist.distributed_timeout_minutes). None = 300 s on gpu='cpu', 600 s on GPUs."""
+    preflight: bool = False
+    """`nemo-muon launch` runs `nemo-muon preflight` (the optimizer path on a tiny model of the family, on the
+    job's own ranks) as the job's first step, and the training only when it passed; megatron backend and a
+    layer-wise matrix optimizer only (`nemo_muon.run_checks`). On by default in the GB300 recipes of those."""
 
     def __post_init__(self) -> None:
         validate_once(self)
@@ -111,6 +115,8 @@ class SystemConfig:
         if self.world_size > MAX_WORLD_SIZE:
             raise ValueError(f"system.num_nodes * system.gpus_per_node must be <= {MAX_WORLD_SIZE} ranks; got "
                              f"{self.num_nodes} * {self.gpus_per_node} = {self.world_size}")
+        if not isinstance(self.preflight, bool):
+            raise ValueError(f"system.preflight must be true or false; got {shown(self.preflight)}")
         if self.collective_timeout_s is not None:
             check_range("system.collective_timeout_s", self.collective_timeout_s, low=0.0,
                         high=MAX_COLLECTIVE_TIMEOUT_S, low_inclusive=False)

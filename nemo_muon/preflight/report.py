@@ -26,7 +26,8 @@ def document(request: PreflightRequest, figures: Any, checks: list[Check], versi
         "format": FORMAT,
         "passed": failed is None,
         "first_failure": failed.verdict() if failed else None,
-        "request": dataclasses.asdict(request),
+        "request": {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name != "resolved"}
+        | {"overrides": list(request.overrides)},
         "versions": versions,
         "topology": {"world_size": request.world_size, "expert_parallel": request.ep,
                      "data_parallel": request.world_size // request.ep, "devices": figures.devices},

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from nemo_muon._validation import check_positive_int, check_range
+from nemo_muon._validation import check_choice, check_positive_int, check_range
 
 DEFAULT_STEPS = 10
 """Optimizer steps of each run (the issue's default; chosen, not tuned)."""
@@ -29,6 +29,8 @@ a gradient that reached the wrong rank, or an update not applied, moves a matrix
 STEP_TIME_RATIO = 3.0
 """Largest accepted median optimizer-step time, ours over the reference path's (chosen: a bound that flags a path
 several times slower, not a performance target)."""
+DEVICES: tuple[str, ...] = ("cuda", "cpu")
+"""``device``: NCCL on GPUs (the preflight), or gloo on CPU ranks where Megatron's CUDA calls are answered (tests)."""
 WARMUP_STEPS = 2
 """Steps left out of the step-time medians (first-call allocation, kernel compilation)."""
 
@@ -48,6 +50,11 @@ class PreflightRequest:
     ep: int = 1
     out_dir: str = "preflight"
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    resolved: Any = None
+    """The recipe already resolved (a job's ``--recipe-file``: `nemo_muon.recipes.resolved`); then ``overrides``
+    are the ones it was resolved with, recorded, not applied again."""
+    device: str = "cuda"
+    """One of `DEVICES`."""
     loss_rtol: float = LOSS_RTOL
     master_rtol: float = MASTER_RTOL
     step_time_ratio: float = STEP_TIME_RATIO
@@ -58,6 +65,7 @@ class PreflightRequest:
         check_positive_int("preflight.steps", self.steps, minimum=WARMUP_STEPS + 2, maximum=MAX_STEPS)
         if self.save_at is not None:
             check_positive_int("preflight.save_at", self.save_at, maximum=self.steps - 1)
+        check_choice("preflight.device", self.device, DEVICES)
         check_range("preflight.time_limit_s", self.time_limit_s, low=0.0, low_inclusive=False)
         check_range("preflight.loss_rtol", self.loss_rtol, low=0.0)
         check_range("preflight.master_rtol", self.master_rtol, low=0.0)
@@ -76,10 +84,13 @@ class PreflightRequest:
         return self.save_at if self.save_at is not None else self.steps // 2
 
     def training_recipe(self) -> Any:
-        """The recipe with the overrides applied and checked (`nemo_muon.recipes.execute.build_recipe`)."""
+        """The recipe with the overrides applied and checked (`nemo_muon.recipes.execute.build_recipe`), or the
+        one ``resolved``."""
         from nemo_muon.recipes import list_recipes
         from nemo_muon.recipes.execute import build_recipe
 
+        if self.resolved is not None:
+            return self.resolved
         names = list_recipes()
         if self.recipe not in names:
             raise ValueError(f"preflight.recipe must be one of {tuple(n for n in names if _is_megatron(n))}; "
@@ -113,6 +124,14 @@ def check_preflight_recipe(recipe: Any, name: str) -> None:
                          f"...); recipe {name!r} has optimizer.kind={recipe.optimizer.name!r}")
 
 
+def allocation_ep(recipe: Any, world_size: int) -> int:
+    """The expert-parallel size a job's preflight runs on ``world_size`` ranks: the largest that divides the ranks and
+    the tiny model's experts and is at most the recipe's ``parallelism.ep`` (the recipe's layout, scaled down)."""
+    experts = tiny_experts(recipe)
+    return max(d for d in range(1, min(world_size, recipe.parallelism.ep) + 1)
+               if world_size % d == 0 and experts % d == 0)
+
+
 def tiny_experts(recipe: Any) -> int:
     """Routed experts of the tiny model of the recipe's family."""
     from nemo_muon.models.specs import get_model_spec
@@ -122,7 +141,7 @@ def tiny_experts(recipe: Any) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Path:
+class PreflightPath:
     """One of the two runs: its optimizer config and, on Megatron-Core >= 0.18, DDP's layout
     (`nemo_muon.preflight.wiring.LAYOUTS`)."""
 
@@ -138,7 +157,7 @@ class Path:
                 f"layout={self.layout}")
 
 
-def preflight_plan(recipe: Any, parameter_layout: bool) -> tuple[Path, Path]:
+def preflight_plan(recipe: Any, parameter_layout: bool) -> tuple[PreflightPath, PreflightPath]:
     """(ours, reference): ours is the recipe's optimizer as the real job builds it (``collectives``,
     ``ns_split_target``; on >= 0.18 ``reduce_scatter`` is DDP's cost layout), the reference the same optimizer on
     the least-patched path of the stack (``collectives='all_reduce'``, whole-tensor ownership; on >= 0.18 the legacy
@@ -149,4 +168,4 @@ def preflight_plan(recipe: Any, parameter_layout: bool) -> tuple[Path, Path]:
     reference_opt = dataclasses.replace(opt, collectives="all_reduce")
     if hasattr(opt, "ns_split_target"):
         reference_opt = dataclasses.replace(reference_opt, ns_split_target=None)
-    return Path("ours", opt, ours_layout), Path("reference", reference_opt, "legacy")
+    return PreflightPath("ours", opt, ours_layout), PreflightPath("reference", reference_opt, "legacy")
