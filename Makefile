@@ -19,8 +19,10 @@ NEWEST_TESTS := tests/newest_stack
 # megatron recipe against the release's perf run, and Megatron-Core's training and checkpoint resume (the rest of
 # tests/megatron_cpu states 0.16's or 0.18+'s ownership and manifest behaviour, and runs in .venv and .venv-ngc; of
 # test_cost_layout.py the two split tests of chunked stages and expert parallelism run in .venv only: the same planning
-# code on 0.18 and 0.19). Of test_preflight.py the releases run the paths their generation wires differently (2 and 4
-# ranks); .venv and .venv-ngc run the whole file, and .venv's Megatron-Core 0.19.2 is 26.08's (CI time).
+# code on 0.18 and 0.19). Of test_preflight.py the releases run the two paths their generation wires differently
+# (reduce_scatter, split; 2 ranks); .venv and .venv-ngc run the whole file (4 ranks: EP=2, and split at DP=4, whose
+# 0.16 / 0.17 expected failure is the CPU harness's torch Adam, traced in docs/operators.md), and .venv's Megatron-Core
+# 0.19.2 is 26.08's (CI time).
 MID_RELEASES := 26.04 26.06
 MID_STAMPS := $(foreach r,$(MID_RELEASES),.venv-ngc-$(r)/.installed)
 MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provider.py test_bridge_recipes_04_05.py \
@@ -38,7 +40,7 @@ MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provid
 	tests/megatron_cpu/test_optimizer_state_checkpoint.py tests/megatron_cpu/test_megatron_parity.py \
 	tests/megatron_cpu/test_pinned_hook_points.py $(NEWEST_TESTS)/test_bridge_checkpoint.py \
 	$(addprefix tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report,\
-	[reduce_scatter-2ranks] [reduce_scatter-ep2-4ranks] [split-4ranks])
+	[reduce_scatter-2ranks] [split-2ranks])
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
 # Tests of the newest stack (Bridge >= 0.4's extension point) live here and run only there.
