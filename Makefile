@@ -16,7 +16,9 @@ NEWEST_VENV := .venv-ngc-26.08
 NEWEST_STAMP := $(NEWEST_VENV)/.installed
 NEWEST_TESTS := tests/newest_stack
 # NGC 26.04's and 26.06's stacks (Bridge 0.4 / 0.5, Megatron-Core 0.17 / 0.18): the optimizer through provide(), every
-# megatron recipe against the release's perf run, and Megatron-Core's training and checkpoint resume (the rest of
+# megatron recipe against the release's perf run, and Megatron-Core's training and checkpoint resume (one of each
+# wiring: Muon, SOAP, AdamW trained; Muon and AdamW resumed; Muon and SOAP resumed at another DP size; every
+# optimizer's runs in .venv and .venv-ngc; CI time) (the rest of
 # tests/megatron_cpu states 0.16's or 0.18+'s ownership and manifest behaviour, and runs in .venv and .venv-ngc; of
 # test_cost_layout.py the two split tests of chunked stages and expert parallelism run in .venv only: the same planning
 # code on 0.18 and 0.19). Of test_preflight.py the releases run the two paths their generation wires differently
@@ -27,8 +29,10 @@ MID_RELEASES := 26.04 26.06
 MID_STAMPS := $(foreach r,$(MID_RELEASES),.venv-ngc-$(r)/.installed)
 MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provider.py test_bridge_recipes_04_05.py \
 	test_install_beside_container.py test_bridge_layout.py) $(addprefix tests/megatron_cpu/test_megatron_training.py::,\
-	test_tiny_model_trains_through_megatron test_megatron_checkpoint_resume_continues_the_loss_curve \
-	test_layer_wise_checkpoint_resumes_at_another_data_parallel_size) $(addprefix tests/megatron_cpu/test_cost_layout.py::,\
+	$(addprefix test_tiny_model_trains_through_megatron,[muon-tiny_kimi_k2] [soap-tiny_qwen3_moe] [adamw-tiny_kimi_k2]) \
+	$(addprefix test_megatron_checkpoint_resume_continues_the_loss_curve,[tiny_kimi_k2-muon] [tiny_qwen3_moe-adamw]) \
+	$(addprefix test_layer_wise_checkpoint_resumes_at_another_data_parallel_size,[2-1-muon] [1-2-soap])) \
+	$(addprefix tests/megatron_cpu/test_cost_layout.py::,\
 	test_an_older_megatron_core_is_refused_naming_what_it_lacks \
 	test_cost_layout_sends_two_thirds_of_the_legacy_bytes_with_the_same_masters \
 	test_without_clipping_the_cost_layout_trains_bit_for_bit_as_the_legacy_path \
@@ -91,6 +95,8 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 
+# Every tier prints its slowest tests (what CI time is spent on).
+DURATIONS := --durations=15
 # Every tier runs (docs/testing.md): markers select, nothing is deselected here.
 test: system-deps test-main test-stack test-newest
 
@@ -101,19 +107,19 @@ system-deps:
 	@scripts/system_deps.sh || echo "system-deps: not all installed (see above); continuing"
 
 test-main: venv lint system-deps
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests --ignore=$(STACK_TESTS) --ignore=$(NEWEST_TESTS)
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest $(DURATIONS) tests --ignore=$(STACK_TESTS) --ignore=$(NEWEST_TESTS)
 
 # The developers' quick tier: .venv's tests without the system and slow ones (installs nothing system-wide).
 test-unit: venv
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests --ignore=$(STACK_TESTS) --ignore=$(NEWEST_TESTS) -m "not system and not slow"
 
 test-stack: stack-venv
-	OMP_NUM_THREADS=1 $(STACK_VENV)/bin/python -m pytest $(STACK_TESTS) tests/megatron_cpu
+	OMP_NUM_THREADS=1 $(STACK_VENV)/bin/python -m pytest $(DURATIONS) $(STACK_TESTS) tests/megatron_cpu
 
 test-newest: newest-venv
-	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(NEWEST_TESTS) \
+	OMP_NUM_THREADS=1 $(NEWEST_VENV)/bin/python -m pytest $(DURATIONS) $(NEWEST_TESTS) \
 	  --ignore=$(NEWEST_TESTS)/test_bridge_recipes_04_05.py
-	for r in $(MID_RELEASES); do OMP_NUM_THREADS=1 .venv-ngc-$$r/bin/python -m pytest $(MID_TESTS) || exit 1; done
+	for r in $(MID_RELEASES); do OMP_NUM_THREADS=1 .venv-ngc-$$r/bin/python -m pytest $(DURATIONS) $(MID_TESTS) || exit 1; done
 
 # The whole suite as an AVX2-only x86-64 CPU (AMD EPYC) computes: ATen, oneDNN and MKL kernels limited to AVX2
 # (docs/testing.md, "Other CPUs"). Not part of `make test`: it runs the same tests a second time.

@@ -57,7 +57,8 @@ def preflight_job(request: PreflightRequest, *, nodes: int, nproc_per_node: int,
     plain, secrets = split_secrets({**recipe.env, **env})  # the recipe's NCCL / CUDA variables, as its job has them
     gpu = "cpu" if request.device == "cpu" else recipe.system.gpu
     return SlurmJob(job_name=f"nemo-muon-preflight-{request.recipe}", nodes=nodes, gpus_per_node=nproc_per_node,
-                    gpu=gpu, command=preflight_args(request), python="python" if container else sys.executable,
+                    gpu=gpu, command=[], preflight=preflight_args(request),
+                    python="python" if container else sys.executable,
                     launcher="tasks", output_dir=out, workdir=out, account=account, partition=partition, time=time,
                     container=container, image=image, mounts=[f"{out}:{out}"] if container else [], env=plain,
                     forwarded_env=list(secrets))

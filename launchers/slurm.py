@@ -32,6 +32,14 @@ RDZV_PORT = 29500
 KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
 """srun ends every task once one exits non-zero: a rank whose collective timed out on a stalled peer
 (system.collective_timeout_s) ends the job instead of leaving the other tasks waiting."""
+PREFLIGHT_STEP_WAIT_S = 60
+"""The preflight step's srun ends the tasks still running this long after the first one exits (chosen; srun
+``--wait``)."""
+PREFLIGHT_STEP_END: tuple[str, ...] = ("--kill-on-bad-exit=0", f"--wait={PREFLIGHT_STEP_WAIT_S}")
+"""How the preflight step ends: its ranks refuse (exit 2) or fail a check (exit 1) together, each with that code;
+``--kill-on-bad-exit=1`` would SIGTERM the ranks a moment slower than the first, and the step's (the job's) exit code
+would be their 143. A rank that crashes still ends the step `PREFLIGHT_STEP_WAIT_S` later (and the preflight's own
+``--time-limit-s`` bounds a hang)."""
 SAFE_VALUE = re.compile(r"[A-Za-z0-9_.:@+\-/]+\Z", re.ASCII)
 """What a job name, account or partition may hold (it is written into an ``#SBATCH`` line unquoted)."""
 _SAFE_PATH = re.compile(r"/[A-Za-z0-9_.:@+\-/%]*\Z", re.ASCII)
@@ -60,7 +68,8 @@ class SlurmJob:
     """GPUs per node; on gpu='cpu' the number of training processes per node."""
     gpu: str
     command: list[str]
-    """argv of the training program (after torchrun's arguments, or per srun task)."""
+    """argv of the training program (after torchrun's arguments, or per srun task); [] for a job that is its
+    ``preflight`` step alone (`nemo-muon preflight --executor slurm`)."""
     python: str = "python"
     """Interpreter on the compute nodes (the image's python, or the submitting venv's with container=False)."""
     launcher: str = "torchrun"
@@ -93,6 +102,8 @@ class SlurmJob:
             raise ValueError(f"slurm time must be [D-]HH:MM:SS (or MM, MM:SS, D-HH...); got {shown(self.time)}")
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError(f"slurm nodes and gpus_per_node must be >= 1; got {self.nodes} x {self.gpus_per_node}")
+        if not self.command and not self.preflight:
+            raise ValueError("slurm command must name the training program (or preflight the preflight's); got neither")
         if self.launcher not in ("torchrun", "tasks"):
             raise ValueError(f"slurm launcher must be one of ('torchrun', 'tasks'); got {shown(self.launcher)}")
         for name in ("output_dir", "workdir"):
@@ -115,8 +126,8 @@ class SlurmJob:
         return None
 
 
-def _srun_args(job: SlurmJob) -> list[str]:
-    args = ["srun", KILL_ON_BAD_EXIT]
+def _srun_args(job: SlurmJob, preflight: bool = False) -> list[str]:
+    args = ["srun", *(PREFLIGHT_STEP_END if preflight else (KILL_ON_BAD_EXIT,))]
     if job.launcher == "torchrun":
         args += ["--ntasks-per-node=1"]
     if job.gpu != "cpu":
@@ -178,9 +189,13 @@ def render_sbatch(job: SlurmJob, *, header: str = "") -> str:
               f"export MASTER_PORT={RDZV_PORT}", ""]
     srun = " ".join(shlex.quote(a) for a in _srun_args(job))
     if job.preflight is not None:
+        check = " ".join(shlex.quote(a) for a in _srun_args(job, preflight=True)) + " " + _program(job, job.preflight)
+        if not job.command:
+            return "\n".join([*lines, "# nemo-muon preflight: the optimizer path on a tiny model of the family", check]) \
+                + "\n"
         lines += ["# step 1: nemo-muon preflight, the optimizer path on a tiny model of the family on these nodes; the",
                   "# training (step 2) starts only when it passed: set -e ends the job with its exit code otherwise",
-                  f"{srun} {_program(job, job.preflight)}", "# step 2: the training"]
+                  check, "# step 2: the training"]
     lines.append(f"{srun} {_program(job, job.command)}")
     return "\n".join(lines) + "\n"
 

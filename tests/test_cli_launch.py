@@ -60,11 +60,11 @@ def test_kimi_k2_gb300_sbatch_has_bridge_perf_lines(tmp_path: Path) -> None:
     for name, value in get_recipe("kimi_k2_muon").env.items():  # the recipe's NCCL/NVTE/CUDA variables
         assert f"export {name}={value}" in lines
     preflight, srun = [line for line in lines if line.startswith("srun ")]  # the GB300 recipe's two steps
-    for step in (preflight, srun):
-        assert step.split(" python ")[0].split() == [
-            "srun", "--kill-on-bad-exit=1", "--mpi=pmix", f"--container-image={IMAGE}",
-            f"--container-mounts=/lustre/data:/data,{root}:{root}", "--no-container-mount-home", "--container-writable",
-            f"--container-workdir={root}"]
+    container = ["--mpi=pmix", f"--container-image={IMAGE}", f"--container-mounts=/lustre/data:/data,{root}:{root}",
+                 "--no-container-mount-home", "--container-writable", f"--container-workdir={root}"]
+    assert srun.split(" python ")[0].split() == ["srun", "--kill-on-bad-exit=1", *container]
+    # the preflight's ranks end together with its code (a refusal 2, a failed check 1), not killed into 143
+    assert preflight.split(" python ")[0].split() == ["srun", "--kill-on-bad-exit=0", "--wait=60", *container]
     overrides, document = _job_document(out)
     assert overrides == [f"logging.root={root}"]
     assert srun.endswith(f"python -m nemo_muon.launchers.run_recipe --recipe-file {document}")  # resolved once

@@ -60,7 +60,9 @@ def test_a_slurm_job_runs_the_preflight_as_its_first_step_on_the_same_recipe(tmp
     assert preflight.endswith(f"python -m nemo_muon.preflight.main --recipe-file {plan['recipe_file']} --out "
                               f"{run_dir}/preflight --ep 8")  # the recipe's EP=64 scaled to the tiny model's 8 experts
     assert training.endswith(f"python -m nemo_muon.launchers.run_recipe --recipe-file {plan['recipe_file']}")
-    assert preflight.split(" python ")[0] == training.split(" python ")[0]  # same image, nodes, tasks
+    # the same image, nodes and tasks; the preflight's ranks end with their own code (slurm.PREFLIGHT_STEP_END)
+    assert preflight.split(" python ")[0].replace("--kill-on-bad-exit=0 --wait=60", "--kill-on-bad-exit=1") == \
+        training.split(" python ")[0]
     assert lines.index("set -euo pipefail") < lines.index(preflight) < lines.index(training)
     assert plan["preflight_command"] is None  # Slurm: the script holds both steps
     assert plan["document"]["recipe"]["system"]["preflight"] is True

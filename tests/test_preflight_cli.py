@@ -68,6 +68,7 @@ def test_the_slurm_dry_run_is_one_srun_task_per_gpu_of_the_entry_point_with_the_
     for name, value in get_recipe("kimi_k2_muon").env.items():  # the NCCL / CUDA variables its job runs with
         assert f"export {name}={value}" in lines
     srun = [line for line in lines if line.startswith("srun ")]
+    assert srun[0].startswith("srun --kill-on-bad-exit=0 --wait=60 ")  # every rank ends with the preflight's code
     assert len(srun) == 1 and srun[0].endswith(
         f"python -m nemo_muon.preflight.main --recipe kimi_k2_muon --out {out} --steps 10 --ep 2 --time-limit-s 900 "
         "trainer.grad_clip=0.5")

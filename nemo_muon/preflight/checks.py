@@ -76,9 +76,12 @@ def _last(figures: Any) -> str:
 
 def evaluate(figures: Any, request: PreflightRequest) -> list[Check]:
     """Every check of `CHECK_NAMES` on the figures of `nemo_muon.preflight.run.run_preflight`, in that order."""
-    owners = Check("owners", "every matrix of the layer-wise optimizer has exactly one owner, or split owners that agree", _first(
-        figures.owner_problems, figures.matrices, "every matrix has its owner"),
-        not figures.owner_problems)
+    planned = f"; the owners of {' and '.join(sorted(figures.planned))} are their cost layout's plan" \
+        if figures.planned else ""
+    owners = Check("owners", "every matrix of the layer-wise optimizer has exactly one owner, or split owners that "
+                   "agree; on a cost layout (Megatron-Core >= 0.18, collectives='reduce_scatter') the planned one",
+                   _first(figures.owner_problems, figures.matrices, "every matrix has its owner")
+                   + ("" if figures.owner_problems else planned), not figures.owner_problems)
     replicas = Check("replicas", "bit-identical weights on every data-parallel replica", _first(
         figures.replica_problems, None, "every parameter identical on every replica"),
         not figures.replica_problems)

@@ -59,6 +59,8 @@ class Figures:
     the paths' rounding, which reroutes tokens between experts and moves an expert's update by a sizable fraction;
     measured 0.23-0.31 on CPU after 6 steps of tiny Kimi K2 where the first step was bit for bit)."""
     owner_problems: list[str] = dataclasses.field(default_factory=list)
+    planned: set[str] = dataclasses.field(default_factory=set)
+    """The paths whose owners were also compared with the cost layout's plan (`plan_problems`)."""
     replica_problems: list[str] = dataclasses.field(default_factory=list)
     resume_problems: list[str] = dataclasses.field(default_factory=list)
     nonfinite: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -200,6 +202,34 @@ def owner_problems(role: str, owned_by_rank: list[dict[str, Any]], keys: set[str
     return problems
 
 
+def plan_problems(role: str, replica: Replica, ep_rank: int, dense_rank: int, expert_rank: int) -> list[str]:
+    """Where DDP's layout is ours (the cost layout, Megatron-Core >= 0.18: ``ddp_model.cost_layout_plan``), the
+    matrices each rank's layer-wise optimizer updates against the plan's owners (``dense_rank``, ``expert_rank``: this
+    rank's place in the dense and expert data-parallel groups the plan counts in); [] where Megatron assigns the
+    owners itself (collective)."""
+    plan = getattr(replica.ddp_model, "cost_layout_plan", None)
+    if plan is None:
+        return []
+    names = replica.names
+
+    def key(param: Any) -> str:
+        return _key(param, names[id(param)], ep_rank)
+
+    def mine(param: Any) -> bool:
+        return plan.owners[param] == (expert_rank if getattr(param, "allreduce", True) is False else dense_rank)
+
+    planned = sorted(key(p) for p in plan.owners if mine(p))
+    split = sorted(key(p) for p in plan.splits)
+    by_rank = _gather((planned, sorted(_matrix_keys(replica, ep_rank)), split))
+    problems = []
+    for rank, (planned_keys, updated, split_keys) in enumerate(by_rank):
+        problems += [f"{role}: rank {rank} does not update {k}, which the cost layout's plan gives it"
+                     for k in sorted(set(planned_keys) - set(updated))]
+        problems += [f"{role}: rank {rank} updates {k}, which the cost layout's plan gives another rank"
+                     for k in sorted(set(updated) - set(planned_keys) - set(split_keys))]
+    return problems
+
+
 def master_worst(ours: dict[str, Any], ref: dict[str, Any], initial: dict[str, Any]) -> tuple[str, float]:
     """(key, max |ours - reference| / max |reference - initial|) of the parameter farthest from the reference."""
     import numpy as np
@@ -266,6 +296,11 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
     figures = Figures(paths={r.role: p.describe() for r, p in zip(replicas.values(), paths, strict=True)},
                       losses={r: [] for r in replicas}, step_s={r: [] for r in replicas},
                       skipped={r: [] for r in replicas}, devices=_gather(str(_device())))
+    dense_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+    expert_rank = parallel_state.get_expert_data_parallel_rank()
+    for role, replica in replicas.items():
+        figures.owner_problems += plan_problems(role, replica, ep_rank, dense_rank, expert_rank)
+        figures.planned |= {role} if getattr(replica.ddp_model, "cost_layout_plan", None) is not None else set()
     initial = _merged(_gather(_owned(replicas["reference"], ep_rank)))
     keys = set().union(*(set().union(*_gather(_matrix_keys(r, ep_rank))) for r in replicas.values()))
     for step in range(request.steps):

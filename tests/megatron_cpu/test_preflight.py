@@ -15,6 +15,8 @@ from nemo_muon.preflight.report import exit_line
 from nemo_muon.preflight.request import PreflightRequest
 from tests.distributed import run_distributed
 
+STEPS = 6
+"""Steps of each test preflight (the loss of the tiny model falls over 6 steps, not yet over 4; CI time)."""
 ASSEMBLY = importlib.metadata.version("megatron-core").startswith(("0.16.", "0.17."))
 """Megatron-Core 0.16 / 0.17: the layer-wise path our assembly wires (no parameter layout)."""
 
@@ -74,7 +76,19 @@ def _plant_corrupted_shard(out_dir, moment, role, replica):
         path.write_bytes(bytes(data))
 
 
-PLANTS = {"wrong_owner": _plant_wrong_owner, "skipped_gather": _plant_skipped_gather,
+def _plant_unplanned_owner(out_dir, moment, role, replica):
+    """On a cost layout, the plan names another owner for one dense matrix than the one the layout DDP built gives it
+    (a matrix reduced to a rank the plan did not choose)."""
+    import torch.distributed as dist
+
+    plan = getattr(replica.ddp_model, "cost_layout_plan", None)
+    if moment != "built" or role != "ours" or plan is None:
+        return
+    param = next(p for p in plan.owners if getattr(p, "allreduce", True) is not False and p not in plan.splits)
+    plan.owners[param] = (plan.owners[param] + 1) % dist.get_world_size()
+
+
+PLANTS = {"wrong_owner": _plant_wrong_owner, "unplanned_owner": _plant_unplanned_owner, "skipped_gather": _plant_skipped_gather,
           "corrupted_shard": _plant_corrupted_shard}
 
 
@@ -92,8 +106,9 @@ def _preflight_rank(rank, world_size, group, request, plant):
 
 
 def _preflight(tmp_path, recipe="kimi_k2_muon", world_size=2, plant=None, **kwargs):
-    """(rank 0's result, the report folder) of a 6-step preflight; every rank must return the same."""
-    request = PreflightRequest(recipe=recipe, world_size=world_size, out_dir=str(tmp_path / "pf"), steps=6, **kwargs)
+    """(rank 0's result, the report folder) of a `STEPS`-step preflight; every rank must return the same."""
+    request = PreflightRequest(recipe=recipe, world_size=world_size, out_dir=str(tmp_path / "pf"), steps=STEPS,
+                               **kwargs)
     results = run_distributed(_preflight_rank, world_size=world_size, args=(request, plant), timeout_s=600,
                               daemon=False)
     assert all(r == results[0] for r in results[1:]), results
@@ -120,10 +135,13 @@ def test_the_recipes_path_passes_every_check_and_writes_its_report(tmp_path, rec
     assert doc["passed"] and [c["name"] for c in doc["checks"]] == list(CHECK_NAMES)
     assert doc["topology"] == {"world_size": world_size, "expert_parallel": ep, "data_parallel": world_size // ep,
                                "devices": ["cpu"] * world_size}
-    assert len(doc["figures"]["losses"]["ours"]) == 6 and doc["figures"]["losses"]["ours"][-1] < \
+    assert len(doc["figures"]["losses"]["ours"]) == STEPS and doc["figures"]["losses"]["ours"][-1] < \
         doc["figures"]["losses"]["ours"][0]
     assert "PASSED" in (out / "preflight.md").read_text()
     assert not list(out.glob("checkpoint-*")), "the preflight's checkpoint is removed"
+    on_cost_layout = doc["paths"]["ours"].endswith("layout=cost")  # 0.18+ with collectives=reduce_scatter
+    assert on_cost_layout == (not ASSEMBLY and (bool(overrides) or recipe == "kimi_k2_muon_split"))
+    assert ("the owners of ours are their cost layout's plan" in doc["checks"][0]["figure"]) == on_cost_layout
 
 
 @pytest.mark.parametrize(("plant", "check", "recipe"), [
@@ -138,6 +156,23 @@ def test_a_planted_fault_fails_the_check_it_breaks(tmp_path, plant, check, recip
     doc = json.loads((out / "preflight.json").read_text())
     assert not doc["passed"] and doc["first_failure"] == result["first_failure"]
     assert exit_line(doc) == f"preflight failed: {result['first_failure']}"
+
+
+def test_owners_that_are_not_the_cost_layouts_plan_fail_the_owners_check(tmp_path):
+    """Megatron-Core >= 0.18, ``collectives='reduce_scatter'``: each rank's layer-wise matrices are compared with the
+    plan DDP's layout was built from; one planned owner moved makes the owners check fail naming the matrix. (0.16 /
+    0.17 have no parameter layout: Megatron's layer-wise optimizer and our collectives decide the owners there, and
+    the check is exactly one owner per matrix.)"""
+    if ASSEMBLY:
+        from nemo_muon.preflight.wiring import has_layouts
+
+        assert not has_layouts()
+        return
+    result, _ = _preflight(tmp_path, "kimi_k2_muon", plant="unplanned_owner",
+                           overrides=("optimizer.collectives=reduce_scatter",))
+    assert result["code"] == FAILED_EXIT
+    failure = result["first_failure"]
+    assert failure.startswith("FAIL owners: ours: rank ") and "which the cost layout's plan gives" in failure, failure
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
