@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -45,8 +46,6 @@ def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = No
     Ctrl-C while waiting on a Slurm job cancels it (scancel) before returning. Without ``progress`` (``--json``),
     a local/docker run's output goes to stderr so stdout stays machine-readable.
     """
-    from nemo_muon.launchers import slurm
-
     if plan.script is None:
         if plan.executor == "docker" and plan.recipe.system.num_nodes > 1:
             missing = [v for v in ("PET_NODE_RANK", "PET_MASTER_ADDR") if v not in plan.process_env()]
@@ -67,11 +66,26 @@ def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = No
     assert plan.script_path is not None
     make_folder(plan.run_dir, what="the run folder")
     plan.write_recipe_file()  # before the script that names it is submitted
-    write_file(plan.script_path, plan.script, what="the sbatch script")  # atomic, never through a planted link
-    job_id = slurm.submit(plan.script_path, plan.process_env())
-    result = LaunchResult(job_id=job_id)
+    job_id = submit_script(plan.script_path, plan.script, plan.process_env())
     if not wait:
-        return result
+        return LaunchResult(job_id=job_id)
+    return await_job(job_id, timeout_s=timeout_s, progress=progress)
+
+
+def submit_script(path: Path, script: str, env: dict[str, str]) -> str:
+    """Write the sbatch ``script`` to ``path`` (atomic, never through a planted link) and submit it with ``env`` as
+    sbatch's environment; returns the job id."""
+    from nemo_muon.launchers import slurm
+
+    write_file(path, script, what="the sbatch script")
+    return slurm.submit(path, env)
+
+
+def await_job(job_id: str, *, timeout_s: float | None = None, progress: bool = True) -> LaunchResult:
+    """Wait for the Slurm job (polling squeue at 0.5 s; ``progress``: its state on stderr); Ctrl-C cancels it
+    (scancel) and returns state CANCELLED, exit 130."""
+    from nemo_muon.launchers import slurm
+
     try:
         state, code = slurm.wait(job_id, timeout_s=timeout_s, on_poll=_progress(job_id) if progress else None)
     except KeyboardInterrupt:
@@ -80,10 +94,7 @@ def execute(plan: LaunchPlan, *, wait: bool = True, timeout_s: float | None = No
         return LaunchResult(job_id=job_id, state="CANCELLED", exit_code=130)
     if progress:
         click.echo(f"\rslurm job {job_id}: {state:<10}", err=True)
-    result.state = state
-    exit_text = code.split(":")[0]
-    result.exit_code = int(exit_text) if exit_text.isascii() and exit_text.isdigit() and len(exit_text) <= 3 else None
-    return result
+    return LaunchResult(job_id=job_id, state=state, exit_code=slurm.exit_status(code))
 
 
 def options_from_cli(recipe: str, executor: str | None, cluster: str | None, profiles: str | None, nodes: int | None,

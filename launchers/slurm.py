@@ -111,7 +111,8 @@ class SlurmJob:
                 raise ValueError(f"slurm {name} must be an absolute path of [A-Za-z0-9_.:@+-/]; got "
                                  f"{shown(str(getattr(self, name)))}")
         if self.container and not self.image:
-            raise ValueError("slurm image must be set when running in a container (pyxis); got None")
+            raise ValueError("--image must be set (or --no-container): a job in a container (pyxis) needs the "
+                             f"container image; got image={shown(self.image)}")
         if self.dependency is not None and not DEPENDENCY.match(self.dependency):
             raise ValueError(f"slurm dependency must look like 'afterany:123'; got {shown(self.dependency)}")
         for name in [*self.env, *self.forwarded_env]:
@@ -249,6 +250,12 @@ def wait(job_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5,
             on_poll(job_state(job_id)[0], elapsed)
         time.sleep(poll_s)
     return job_state(job_id)
+
+
+def exit_status(code: str) -> int | None:
+    """The exit status of Slurm's ``ExitCode`` (``'2:0'`` -> 2); None when it is not one (empty, a signal name)."""
+    status = code.split(":")[0]
+    return int(status) if status.isascii() and status.isdigit() and len(status) <= 3 else None
 
 
 def cancel(job_id: str) -> None:

@@ -70,7 +70,8 @@ class PreflightRequest:
         check_range("preflight.loss_rtol", self.loss_rtol, low=0.0)
         check_range("preflight.master_rtol", self.master_rtol, low=0.0)
         check_range("preflight.step_time_ratio", self.step_time_ratio, low=0.0, low_inclusive=False)
-        recipe = self.training_recipe()
+        recipe = self._build_recipe()
+        object.__setattr__(self, "_recipe", recipe)  # built once: the ranks and the job reuse it
         check_preflight_recipe(recipe, self.recipe)
         experts = tiny_experts(recipe)
         hostable = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0 and experts % d == 0]
@@ -85,7 +86,10 @@ class PreflightRequest:
 
     def training_recipe(self) -> Any:
         """The recipe with the overrides applied and checked (`nemo_muon.recipes.execute.build_recipe`), or the
-        one ``resolved``."""
+        one ``resolved``; built once, at construction."""
+        return self._recipe  # type: ignore[attr-defined]
+
+    def _build_recipe(self) -> Any:
         from nemo_muon.recipes import list_recipes
         from nemo_muon.recipes.execute import build_recipe
 
