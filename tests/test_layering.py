@@ -57,7 +57,8 @@ ALLOWED: dict[str, frozenset[str]] = {
         "train.refusals",  # a rank's refusal printed once (nemo_run_task, what NeMo-Run's ranks call)
     },
     # a recipe's optimizer path proven on the allocation: the recipes, the Megatron backend it drives
-    "preflight": _BASE | {"config", "models", "registry", "recipes", "megatron", "train.refusals", "rank_env"},
+    "preflight": _BASE | {"config", "models", "registry", "recipes", "megatron", "optim", "train.refusals",
+                          "rank_env"},
     # top: the CLI, and the package facade (its lazy attribute table)
     "launchers": frozenset({"*"}),
     "nemo_muon": frozenset({"*"}),

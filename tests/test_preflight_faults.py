@@ -1,5 +1,6 @@
 """A planted fault makes `nemo-muon preflight` fail the check it breaks (a matrix no rank updates, a gather skipped
-after the resume, a corrupted shard, an owner the cost layout's plan did not choose), on CPU gloo ranks through
+after the resume, a corrupted shard, gradients never reduced on either path, an owner the cost layout's plan did not
+choose), on CPU gloo ranks through
 Megatron-Core's real stack (tests/megatron_cpu/preflight_runs.py). The checks are the same code on every stack: these
 run once, in .venv (Megatron-Core 0.19.2); the passing paths run on every stack (tests/megatron_cpu/test_preflight.py)."""
 
@@ -22,6 +23,7 @@ ASSEMBLY = importlib.metadata.version("megatron-core").startswith(("0.16.", "0.1
     ("wrong_owner", "owners", "kimi_k2_muon"),
     ("skipped_gather", "resume", "kimi_k2_muon_split"),
     ("corrupted_shard", "resume", "kimi_k2_muon"),
+    ("unreduced_gradients", "single_process", "kimi_k2_muon"),
 ])
 def test_a_planted_fault_fails_the_check_it_breaks(tmp_path, plant, check, recipe):
     result, out = run_cpu_preflight(tmp_path, recipe, plant=plant)

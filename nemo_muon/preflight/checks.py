@@ -1,7 +1,9 @@
 """The verdicts of a preflight: each check with its tolerance, the figure the runs showed, and one line.
 
 The order is the order a user should read a failure in: who updates each parameter, whether replicas agree, then the
-numbers (losses, masters), the checkpoint, the non-finite policy, and the optimizer step's time last.
+numbers (losses, masters against the reference path, then against the single-process reference), the checkpoint,
+the non-finite policy, and the optimizer step's time last. A check that cannot run for the request (the
+single-process reference at expert parallelism > 1) says so and why (``ran=False``); it does not fail the preflight.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from nemo_muon.preflight.request import WARMUP_STEPS, PreflightRequest
 
-CHECK_NAMES = ("owners", "replicas", "losses", "masters", "resume", "nonfinite", "step_time")
+CHECK_NAMES = ("owners", "replicas", "losses", "masters", "single_process", "resume", "nonfinite", "step_time")
 """Every check, in the order they are reported (module doc)."""
 
 
@@ -24,10 +26,13 @@ class Check:
     tolerance: str
     figure: str
     passed: bool
+    ran: bool = True
+    """False: the check could not run for this request (its figure says why); it counts as passed."""
 
     def verdict(self) -> str:
-        """One line: ``PASS`` / ``FAIL``, the check, the figure and the tolerance."""
-        return f"{'PASS' if self.passed else 'FAIL'} {self.name}: {self.figure} (tolerance: {self.tolerance})"
+        """One line: ``PASS`` / ``FAIL`` / ``NOT RUN``, the check, the figure and the tolerance."""
+        word = "NOT RUN" if not self.ran else "PASS" if self.passed else "FAIL"
+        return f"{word} {self.name}: {self.figure} (tolerance: {self.tolerance})"
 
 
 def _first(problems: list[str], total: int | None, what: str) -> str:
@@ -67,6 +72,17 @@ def _nonfinite_check(nonfinite: dict[str, Any]) -> Check:
     return Check("nonfinite", tolerance, figure, bool(ranks) and not bad)
 
 
+def _single_process_check(figures: Any, rtol: float) -> Check:
+    tolerance = (f"after the first step, per matrix max |ours - single process| <= {rtol:g} x how far the single "
+                 "process moved it")
+    if figures.single_process is None:
+        return Check("single_process", tolerance, str(figures.single_process_not_run), True, ran=False)
+    key, worst = figures.single_process
+    figure = (f"largest {worst:.3g} ({key}) against one process stepping the whole tiny model on every "
+              "data-parallel batch")
+    return Check("single_process", tolerance, figure, worst <= rtol)
+
+
 def _last(figures: Any) -> str:
     if figures.master_worst_last is None:
         return ""
@@ -96,7 +112,8 @@ def evaluate(figures: Any, request: PreflightRequest) -> list[Check]:
     ratio = figures.step_time_ratio()
     step_time = Check("step_time", f"median optimizer step, ours / reference <= {request.step_time_ratio:g}",
                       f"{ratio:.2f}x (medians of steps after the first {WARMUP_STEPS})", ratio <= request.step_time_ratio)
-    return [owners, replicas, _loss_check(figures, request.loss_rtol), masters, resume,
+    return [owners, replicas, _loss_check(figures, request.loss_rtol), masters,
+            _single_process_check(figures, request.master_rtol), resume,
             _nonfinite_check(figures.nonfinite), step_time]
 
 

@@ -36,6 +36,7 @@ def document(request: PreflightRequest, figures: Any, checks: list[Check], versi
         "figures": {"losses": figures.losses, "optimizer_step_s": figures.step_s, "skipped": figures.skipped,
                     "step_time_ratio": figures.step_time_ratio(), "nonfinite": figures.nonfinite,
                     "masters_first_step": figures.master_worst, "masters_last_step": figures.master_worst_last,
+                    "single_process_first_step": figures.single_process,
                     "parameters": figures.matrices},
     }
 
@@ -50,10 +51,14 @@ def markdown(doc: dict) -> str:
              + (f"; overrides {' '.join(req['overrides'])}" if req["overrides"] else ""), "",
              *(f"- {role}: {path}" for role, path in doc["paths"].items()), "",
              "| check | verdict | figure | tolerance |", "|---|---|---|---|",
-             *(f"| {c['name']} | {'pass' if c['passed'] else '**FAIL**'} | {_cell(c['figure'])} | "
+             *(f"| {c['name']} | {_word(c)} | {_cell(c['figure'])} | "
                f"{_cell(c['tolerance'])} |" for c in doc["checks"]), "",
              "versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items() if v), ""]
     return "\n".join(lines)
+
+
+def _word(check: dict) -> str:
+    return "not run" if not check.get("ran", True) else "pass" if check["passed"] else "**FAIL**"
 
 
 def _cell(text: str) -> str:
@@ -77,5 +82,8 @@ def write_reports(out_dir: str, doc: dict) -> tuple[Path, Path]:
 def exit_line(doc: dict) -> str:
     """What the command prints last: the first failing check, or that every check passed."""
     if doc["passed"]:
-        return f"preflight passed: {len(doc['checks'])} checks of {doc['request']['recipe']}"
+        not_run = [c["name"] for c in doc["checks"] if not c.get("ran", True)]
+        ran = len(doc["checks"]) - len(not_run)
+        return (f"preflight passed: {ran} checks of {doc['request']['recipe']}"
+                + (f" (not run: {', '.join(not_run)})" if not_run else ""))
     return f"preflight failed: {doc['first_failure']}"

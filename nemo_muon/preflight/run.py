@@ -4,7 +4,8 @@ On the ranks of the allocation (torch.distributed's default group initialized by
 CPU), inside Megatron's model-parallel state with the request's expert-parallel size: two replicas of the tiny model
 of the recipe's family from one seed, ours (`preflight_plan`: the recipe's optimizer as the job builds it) and the
 reference (the same optimizer on the least-patched path), trained step by step on the same batches; the masters are
-compared after the first step, the losses after every step. Ours is saved
+compared after the first step (with the reference path's and, where the whole model fits one process, with the
+single-process reference's: `nemo_muon.preflight.single_process`), the losses after every step. Ours is saved
 at `PreflightRequest.checkpoint_step` with Megatron's `dist_checkpointing`, a third replica resumed from it and
 trained to the end, and one more step of that replica gets a NaN gradient on the last data-parallel rank. Every rank
 returns the same `Figures`; `nemo_muon.preflight.checks` turns them into verdicts.
@@ -54,6 +55,11 @@ class Figures:
     skipped: dict[str, list[int]]
     master_worst: tuple[str, float] | None = None
     """The masters after the first step (from equal states, on the same batch): (parameter, `master_worst`)."""
+    single_process: tuple[str, float] | None = None
+    """Ours' masters after the first step against the single-process reference
+    (`nemo_muon.preflight.single_process`): (parameter, `master_worst`); None where it did not run."""
+    single_process_not_run: str | None = None
+    """Why the single-process reference did not run (`single_process.not_run_reason`)."""
     master_worst_last: tuple[str, float] | None = None
     """The same after the last step (reported, not checked: later steps start from states that already differ by
     the paths' rounding, which reroutes tokens between experts and moves an expert's update by a sizable fraction;
@@ -254,6 +260,15 @@ def _compare_masters(ours: dict[str, Any], ref: dict[str, Any], initial: dict[st
     return master_worst({k: ours[k] for k in common}, {k: ref[k] for k in common}, initial)
 
 
+def _against_single(ours: dict[str, Any], single: dict[str, Any], initial: dict[str, Any]) -> tuple[str, float]:
+    """`master_worst` of ours against the single-process reference; a matrix no rank of ours updates is infinitely
+    far (named)."""
+    missing = sorted(set(single) - set(ours))
+    if missing:
+        return missing[0], float("inf")
+    return master_worst({k: ours[k] for k in single}, single, initial)
+
+
 def _merged(owned_by_rank: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for owned in owned_by_rank:
@@ -285,6 +300,7 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
+    from nemo_muon.preflight.single_process import not_run_reason, single_process_masters
     from nemo_muon.preflight.state import checkpoint_state, integrity_check
 
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
@@ -303,6 +319,9 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
         figures.planned |= {role} if getattr(replica.ddp_model, "cost_layout_plan", None) is not None else set()
     initial = _merged(_gather(_owned(replicas["reference"], ep_rank)))
     keys = set().union(*(set().union(*_gather(_matrix_keys(r, ep_rank))) for r in replicas.values()))
+    figures.single_process_not_run = not_run_reason(recipe, request.ep)
+    single = None if figures.single_process_not_run else single_process_masters(
+        replicas["reference"].ddp_model.module.state_dict(), recipe, dp_size, keys)
     for step in range(request.steps):
         for role, replica in replicas.items():
             loss, seconds, ok = train_step(replica, step, dp_rank, dp_size)
@@ -313,6 +332,8 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
         if step == 0:  # from equal states on the same batch: the two paths' masters are comparable (MASTER_RTOL)
             first = {role: _merged(_gather(_owned(replica, ep_rank))) for role, replica in replicas.items()}
             figures.master_worst = _compare_masters(first["ours"], first["reference"], initial, keys)
+            if single is not None:
+                figures.single_process = _against_single(first["ours"], single, initial)
         if step + 1 == request.checkpoint_step:
             ours = replicas["ours"]
             dist_checkpointing.save(checkpoint_state(ours.ddp_model, ours.optimizer, loading=False), checkpoint_dir,

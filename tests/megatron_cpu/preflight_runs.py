@@ -79,7 +79,14 @@ def _plant_unplanned_owner(out_dir, moment, role, replica):
     plan.owners[param] = (plan.owners[param] + 1) % dist.get_world_size()
 
 
-PLANTS = {"wrong_owner": _plant_wrong_owner, "unplanned_owner": _plant_unplanned_owner, "skipped_gather": _plant_skipped_gather,
+def _plant_unreduced_gradients(out_dir, moment, role, replica):
+    """On both paths, DDP's gradient reduction does nothing: each owner updates with its own rank's gradient (the two
+    paths agree with each other; only the single-process reference shows it)."""
+    if moment == "built":
+        replica.ddp_model.finish_grad_sync = lambda *args, **kwargs: None
+
+
+PLANTS = {"unreduced_gradients": _plant_unreduced_gradients, "wrong_owner": _plant_wrong_owner, "unplanned_owner": _plant_unplanned_owner, "skipped_gather": _plant_skipped_gather,
           "corrupted_shard": _plant_corrupted_shard}
 
 

@@ -1,0 +1,62 @@
+"""The preflight's verdicts from its figures (no ranks): the single-process check passes, fails or says why it did not
+run, the report and the exit line say the same; the single-process reference's clip coefficient is the trainer's."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nemo_muon.preflight.checks import CHECK_NAMES, evaluate, first_failure
+from nemo_muon.preflight.report import document, exit_line, markdown
+from nemo_muon.preflight.request import MASTER_RTOL, PreflightRequest
+from nemo_muon.preflight.run import Figures, _against_single
+from nemo_muon.preflight.single_process import CLIP_EPS, clip_coefficient, not_run_reason
+
+REQUEST = PreflightRequest(recipe="kimi_k2_muon", world_size=2, steps=6)
+
+
+def _figures(single: tuple[str, float] | None, not_run: str | None = None) -> Figures:
+    return Figures(paths={"ours": "o", "reference": "r"}, losses={"ours": [2.0, 1.0] * 3, "reference": [2.0, 1.0] * 3},
+                   step_s={"ours": [1.0] * 6, "reference": [1.0] * 6}, skipped={"ours": [], "reference": []},
+                   master_worst=("w", 0.0), single_process=single, single_process_not_run=not_run,
+                   nonfinite={"policy": "raise", "ranks": [{"outcome": "raised"}] * 2}, devices=["cpu", "cpu"])
+
+
+@pytest.mark.parametrize(("single", "passed"), [(("m", 0.0), True), (("m", MASTER_RTOL), True),
+                                                (("m", MASTER_RTOL * 1.01), False), (("m", math.inf), False)])
+def test_the_single_process_check_holds_within_its_tolerance(single, passed):
+    checks = evaluate(_figures(single), REQUEST)
+    assert [c.name for c in checks] == list(CHECK_NAMES)
+    check = checks[CHECK_NAMES.index("single_process")]
+    assert check.ran and check.passed == passed and "(m)" in check.figure
+    assert (first_failure(checks) is None) == passed
+
+
+def test_a_single_process_reference_that_could_not_run_says_why_and_does_not_fail():
+    reason = not_run_reason(REQUEST.training_recipe(), ep=2)
+    assert reason is not None and reason.startswith("ep=2: the experts live on 2 ranks")
+    assert not_run_reason(REQUEST.training_recipe(), ep=1) is None
+    checks = evaluate(_figures(None, reason), REQUEST)
+    check = checks[CHECK_NAMES.index("single_process")]
+    assert not check.ran and check.passed and check.verdict().startswith(f"NOT RUN single_process: {reason}")
+    doc = document(REQUEST, _figures(None, reason), checks, {"torch": torch.__version__})
+    assert doc["passed"] and f"| single_process | not run | {reason} |" in markdown(doc)
+    assert exit_line(doc) == f"preflight passed: {len(CHECK_NAMES) - 1} checks of kimi_k2_muon (not run: single_process)"
+
+
+def test_a_matrix_no_rank_of_ours_updates_is_infinitely_far_from_the_single_process_reference():
+    initial = {"a": np.zeros(2), "b": np.zeros(2)}
+    single = {"a": np.ones(2), "b": np.ones(2)}
+    assert _against_single({"a": np.ones(2), "b": np.ones(2)}, single, initial) == ("a", 0.0)
+    assert _against_single({"a": np.ones(2)}, single, initial) == ("b", math.inf)
+    assert _against_single({"a": np.ones(2), "b": np.array([1.0, 1.5])}, single, initial) == ("b", 0.5)
+
+
+def test_the_clip_coefficient_is_the_trainers_total_norm_clip():
+    grads = {"a": torch.tensor([3.0, 0.0], dtype=torch.bfloat16), "b": torch.tensor([[4.0]], dtype=torch.bfloat16)}
+    assert clip_coefficient(grads, 1.0) == pytest.approx(1.0 / (5.0 + CLIP_EPS), rel=1e-12)
+    assert clip_coefficient(grads, 10.0) == 1.0
+    assert clip_coefficient(grads, 0.0) == 1.0  # grad_clip 0: no clipping
