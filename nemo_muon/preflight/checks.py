@@ -92,10 +92,12 @@ def _last(figures: Any) -> str:
 
 def evaluate(figures: Any, request: PreflightRequest) -> list[Check]:
     """Every check of `CHECK_NAMES` on the figures of `nemo_muon.preflight.run.run_preflight`, in that order."""
-    planned = f"; the owners of {' and '.join(sorted(figures.planned))} are their cost layout's plan" \
-        if figures.planned else ""
+    from nemo_muon.preflight.run import PLAN_KINDS
+
+    planned = "".join(f"; the owners of {role} are {PLAN_KINDS[kind]}" for role, kind in sorted(figures.planned.items()))
     owners = Check("owners", "every matrix of the layer-wise optimizer has exactly one owner, or split owners that "
-                   "agree; on a cost layout (Megatron-Core >= 0.18, collectives='reduce_scatter') the planned one",
+                   "agree; where a plan of ours decides them (the cost layout: Megatron-Core >= 0.18 with "
+                   "collectives='reduce_scatter'; the NS-cost ownership: 0.16 / 0.17) the planned one",
                    _first(figures.owner_problems, figures.matrices, "every matrix has its owner")
                    + ("" if figures.owner_problems else planned), not figures.owner_problems)
     replicas = Check("replicas", "bit-identical weights on every data-parallel replica", _first(

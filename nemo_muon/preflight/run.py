@@ -65,8 +65,8 @@ class Figures:
     the paths' rounding, which reroutes tokens between experts and moves an expert's update by a sizable fraction;
     measured 0.23-0.31 on CPU after 6 steps of tiny Kimi K2 where the first step was bit for bit)."""
     owner_problems: list[str] = dataclasses.field(default_factory=list)
-    planned: set[str] = dataclasses.field(default_factory=set)
-    """The paths whose owners were also compared with the cost layout's plan (`plan_problems`)."""
+    planned: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Path -> the `PLAN_KINDS` key of the plan its owners were also compared with (`plan_problems`)."""
     replica_problems: list[str] = dataclasses.field(default_factory=list)
     resume_problems: list[str] = dataclasses.field(default_factory=list)
     nonfinite: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -208,30 +208,66 @@ def owner_problems(role: str, owned_by_rank: list[dict[str, Any]], keys: set[str
     return problems
 
 
-def plan_problems(role: str, replica: Replica, ep_rank: int, dense_rank: int, expert_rank: int) -> list[str]:
-    """Where DDP's layout is ours (the cost layout, Megatron-Core >= 0.18: ``ddp_model.cost_layout_plan``), the
-    matrices each rank's layer-wise optimizer updates against the plan's owners (``dense_rank``, ``expert_rank``: this
-    rank's place in the dense and expert data-parallel groups the plan counts in); [] where Megatron assigns the
-    owners itself (collective)."""
-    plan = getattr(replica.ddp_model, "cost_layout_plan", None)
-    if plan is None:
-        return []
+PLAN_KINDS = {"cost_layout": "the cost layout's plan", "ns_cost": "the NS-cost ownership plan"}
+"""Whose plan a replica's owners are compared with: DDP's cost layout (Megatron-Core >= 0.18,
+``collectives='reduce_scatter'``) or our layer-wise optimizer's NS-cost ownership (0.16 / 0.17,
+`nemo_muon.megatron.core_016_017.cost_balanced`)."""
+
+
+def plan_kind(replica: Replica) -> str | None:
+    """The `PLAN_KINDS` key of the plan ``replica``'s owners come from; None where Megatron assigns them itself."""
+    from nemo_muon.megatron.shared.engine import megatron_nodes
+
+    if getattr(replica.ddp_model, "cost_layout_plan", None) is not None:
+        return "cost_layout"
+    if any(getattr(node, "dense_plan", None) is not None for node in megatron_nodes(replica.optimizer)):
+        return "ns_cost"
+    return None
+
+
+def _planned(replica: Replica, ep_rank: int, dense_rank: int, expert_rank: int) -> tuple[list[str], list[str]]:
+    """(world-wide keys of the matrices the plan gives this rank, keys of the split matrices whose block this rank
+    may help without the plan naming it) from the replica's plan (`plan_kind`)."""
+    from nemo_muon.megatron.shared.engine import megatron_nodes
+
     names = replica.names
 
     def key(param: Any) -> str:
         return _key(param, names[id(param)], ep_rank)
 
-    def mine(param: Any) -> bool:
-        return plan.owners[param] == (expert_rank if getattr(param, "allreduce", True) is False else dense_rank)
+    def domain_rank(param: Any) -> int:
+        return expert_rank if getattr(param, "allreduce", True) is False else dense_rank
 
-    planned = sorted(key(p) for p in plan.owners if mine(p))
-    split = sorted(key(p) for p in plan.splits)
+    plan = getattr(replica.ddp_model, "cost_layout_plan", None)
+    if plan is not None:  # keyed by parameter; a split matrix: its block's first rank
+        return (sorted(key(p) for p in plan.owners if plan.owners[p] == domain_rank(p)),
+                sorted(key(p) for p in plan.splits))
+    node = next(n for n in megatron_nodes(replica.optimizer) if getattr(n, "dense_plan", None) is not None)
+    by_engine_name = dict(replica.ddp_model.named_parameters())  # the engine names chunk parameters so
+    planned = []
+    for owned_plan, rank in ((node.dense_plan, dense_rank), (node.expert_plan, expert_rank)):
+        for name, owner in (owned_plan.owners.items() if owned_plan is not None else ()):
+            split = owned_plan.splits.get(name)
+            if owner == rank or (split is not None and rank in split.ranks):  # every block member updates it
+                planned.append(key(by_engine_name[name]))
+    return sorted(planned), []
+
+
+def plan_problems(role: str, replica: Replica, ep_rank: int, dense_rank: int, expert_rank: int) -> list[str]:
+    """Where the owners come from a plan of ours (`plan_kind`), the matrices each rank's layer-wise optimizer updates
+    against the plan's owners (``dense_rank``, ``expert_rank``: this rank's place in the dense and expert
+    data-parallel groups the plan counts in); [] where Megatron assigns the owners itself (collective)."""
+    kind = plan_kind(replica)
+    if kind is None:
+        return []
+    planned, split = _planned(replica, ep_rank, dense_rank, expert_rank)
     by_rank = _gather((planned, sorted(_matrix_keys(replica, ep_rank)), split))
+    plan = PLAN_KINDS[kind]
     problems = []
     for rank, (planned_keys, updated, split_keys) in enumerate(by_rank):
-        problems += [f"{role}: rank {rank} does not update {k}, which the cost layout's plan gives it"
+        problems += [f"{role}: rank {rank} does not update {k}, which {plan} gives it"
                      for k in sorted(set(planned_keys) - set(updated))]
-        problems += [f"{role}: rank {rank} updates {k}, which the cost layout's plan gives another rank"
+        problems += [f"{role}: rank {rank} updates {k}, which {plan} gives another rank"
                      for k in sorted(set(updated) - set(planned_keys) - set(split_keys))]
     return problems
 
@@ -316,7 +352,9 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
     expert_rank = parallel_state.get_expert_data_parallel_rank()
     for role, replica in replicas.items():
         figures.owner_problems += plan_problems(role, replica, ep_rank, dense_rank, expert_rank)
-        figures.planned |= {role} if getattr(replica.ddp_model, "cost_layout_plan", None) is not None else set()
+        kind = plan_kind(replica)
+        if kind is not None:
+            figures.planned[role] = kind
     initial = _merged(_gather(_owned(replicas["reference"], ep_rank)))
     keys = set().union(*(set().union(*_gather(_matrix_keys(r, ep_rank))) for r in replicas.values()))
     figures.single_process_not_run = not_run_reason(recipe, request.ep)

@@ -68,15 +68,22 @@ def _plant_corrupted_shard(out_dir, moment, role, replica):
 
 
 def _plant_unplanned_owner(out_dir, moment, role, replica):
-    """On a cost layout, the plan names another owner for one dense matrix than the one the layout DDP built gives it
-    (a matrix reduced to a rank the plan did not choose)."""
+    """The plan of ours names another owner for one dense matrix than the one the replica's ranks give it (a matrix
+    reduced to a rank the plan did not choose): DDP's cost layout on >= 0.18, the NS-cost ownership on 0.16 / 0.17."""
     import torch.distributed as dist
 
-    plan = getattr(replica.ddp_model, "cost_layout_plan", None)
-    if moment != "built" or role != "ours" or plan is None:
+    from nemo_muon.megatron.shared.engine import megatron_nodes
+
+    if moment != "built" or role != "ours":
         return
-    param = next(p for p in plan.owners if getattr(p, "allreduce", True) is not False and p not in plan.splits)
-    plan.owners[param] = (plan.owners[param] + 1) % dist.get_world_size()
+    plan = getattr(replica.ddp_model, "cost_layout_plan", None)
+    if plan is not None:
+        param = next(p for p in plan.owners if getattr(p, "allreduce", True) is not False and p not in plan.splits)
+        plan.owners[param] = (plan.owners[param] + 1) % dist.get_world_size()
+        return
+    plan = next(n.dense_plan for n in megatron_nodes(replica.optimizer) if getattr(n, "dense_plan", None) is not None)
+    name = next(k for k in sorted(plan.owners) if k not in plan.splits)
+    plan.owners[name] = (plan.owners[name] + 1) % plan.num_ranks
 
 
 def _plant_unreduced_gradients(out_dir, moment, role, replica):

@@ -44,7 +44,26 @@ def test_the_recipes_path_passes_every_check_and_writes_its_report(tmp_path, rec
     assert not list(out.glob("checkpoint-*")), "the preflight's checkpoint is removed"
     on_cost_layout = doc["paths"]["ours"].endswith("layout=cost")  # 0.18+ with collectives=reduce_scatter
     assert on_cost_layout == (not ASSEMBLY and (bool(overrides) or recipe == "kimi_k2_muon_split"))
-    assert ("the owners of ours are their cost layout's plan" in doc["checks"][0]["figure"]) == on_cost_layout
+    owners = doc["checks"][0]["figure"]
+    assert ("the owners of ours are the cost layout's plan" in owners) == on_cost_layout
+    # 0.16 / 0.17: both paths run our layer-wise optimizer, whose owners come from the NS-cost plan
+    assert ("the owners of ours are the NS-cost ownership plan" in owners) == ASSEMBLY
+    assert ("the owners of reference are the NS-cost ownership plan" in owners) == ASSEMBLY
+
+
+def test_owners_that_are_not_our_plan_fail_the_owners_check(tmp_path):
+    """Where a plan of ours decides the owners (DDP's cost layout on Megatron-Core >= 0.18 with
+    ``collectives='reduce_scatter'``; our layer-wise optimizer's NS-cost ownership on 0.16 / 0.17), each rank's
+    layer-wise matrices are compared with it; one planned owner moved makes the owners check fail naming the matrix
+    and the plan."""
+    from nemo_muon.preflight.main import FAILED_EXIT
+
+    result, _ = run_cpu_preflight(tmp_path, "kimi_k2_muon", plant="unplanned_owner",
+                                  overrides=("optimizer.collectives=reduce_scatter",))
+    assert result["code"] == FAILED_EXIT
+    failure = result["first_failure"]
+    plan = "the NS-cost ownership plan" if ASSEMBLY else "the cost layout's plan"
+    assert failure.startswith("FAIL owners: ours: rank ") and f"which {plan} gives" in failure, failure
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

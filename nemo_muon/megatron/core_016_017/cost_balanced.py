@@ -55,6 +55,8 @@ def ns_balanced_class() -> type:
             self.split_plan: Any = None
             self.dense_plan: Any = None
             """The dense matrices' `OwnershipPlan` over dp_cp (``flops`` include each rank's expert work)."""
+            self.expert_plan: Any = None
+            """The routed experts' `OwnershipPlan` over expt_dp (both plans keyed by the matrix optimizer's names)."""
             self.split_holders: dict[int, tuple[int, ...]] = {}
             """id of a split matrix -> the dp_cp ranks of its block (each holds a copy and reads its gradient)."""
             super().__init__(optimizers, config, pg_collection, init_state_fn_list)
@@ -89,6 +91,7 @@ def ns_balanced_class() -> type:
                 plan = plan_ownership(items, size, "lpt", initial_flops=initial, balance_target=target)
                 if expert:
                     expert_flops = list(plan.flops)
+                    self.expert_plan = plan
                 else:
                     self.dense_plan = plan
                 if target is not None:
