@@ -35,6 +35,15 @@ def test_the_single_process_check_holds_within_its_tolerance(single, passed):
     assert (first_failure(checks) is None) == passed
 
 
+def test_the_reference_paths_distance_to_the_single_process_is_reported_not_checked():
+    figures = _figures(("m", 0.0))
+    figures.single_process_reference = ("r", 2.0)
+    check = evaluate(figures, REQUEST)[CHECK_NAMES.index("single_process")]
+    assert check.passed and check.figure.endswith("; the reference path, not checked: 2 (r)")
+    figures.single_process, figures.single_process_reference = ("m", 2.0), ("r", 0.0)
+    assert not evaluate(figures, REQUEST)[CHECK_NAMES.index("single_process")].passed
+
+
 def test_a_single_process_reference_that_could_not_run_says_why_and_does_not_fail():
     reason = not_run_reason(REQUEST.training_recipe(), ep=2)
     assert reason is not None and reason.startswith("ep=2: the experts live on 2 ranks")
@@ -60,3 +69,14 @@ def test_the_clip_coefficient_is_the_trainers_total_norm_clip():
     assert clip_coefficient(grads, 1.0) == pytest.approx(1.0 / (5.0 + CLIP_EPS), rel=1e-12)
     assert clip_coefficient(grads, 10.0) == 1.0
     assert clip_coefficient(grads, 0.0) == 1.0  # grad_clip 0: no clipping
+
+
+@pytest.mark.parametrize("bridge_setup", [True, False])
+def test_ours_is_built_by_bridges_setup_where_the_jobs_bridge_builds_it_and_the_reference_never(bridge_setup):
+    from nemo_muon.preflight.request import PreflightPath, preflight_plan
+
+    ours, reference = preflight_plan(REQUEST.training_recipe(), parameter_layout=True, bridge_setup=bridge_setup)
+    assert ours.setup == ("bridge" if bridge_setup else "megatron-core") and reference.setup == "megatron-core"
+    assert f"setup={ours.setup} layout=legacy" in ours.describe()
+    with pytest.raises(ValueError, match=r"preflight path setup must be one of \('bridge', 'megatron-core'\); got 'x'"):
+        PreflightPath("ours", ours.opt, "legacy", "x")

@@ -80,6 +80,9 @@ def _single_process_check(figures: Any, rtol: float) -> Check:
     key, worst = figures.single_process
     figure = (f"largest {worst:.3g} ({key}) against one process stepping the whole tiny model on every "
               "data-parallel batch")
+    if figures.single_process_reference is not None:
+        ref_key, ref_worst = figures.single_process_reference
+        figure += f"; the reference path, not checked: {ref_worst:.3g} ({ref_key})"
     return Check("single_process", tolerance, figure, worst <= rtol)
 
 

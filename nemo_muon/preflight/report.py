@@ -37,6 +37,7 @@ def document(request: PreflightRequest, figures: Any, checks: list[Check], versi
                     "step_time_ratio": figures.step_time_ratio(), "nonfinite": figures.nonfinite,
                     "masters_first_step": figures.master_worst, "masters_last_step": figures.master_worst_last,
                     "single_process_first_step": figures.single_process,
+                    "single_process_first_step_reference": figures.single_process_reference,
                     "parameters": figures.matrices},
     }
 

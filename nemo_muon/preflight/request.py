@@ -146,30 +146,42 @@ def tiny_experts(recipe: Any) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PreflightPath:
-    """One of the two runs: its optimizer config and, on Megatron-Core >= 0.18, DDP's layout
-    (`nemo_muon.preflight.wiring.LAYOUTS`)."""
+    """One of the two runs: its optimizer config, on Megatron-Core >= 0.18 DDP's layout
+    (`nemo_muon.preflight.wiring.LAYOUTS`), and who builds the model's DDP wrap and the optimizer
+    (`nemo_muon.preflight.bridge_setup.SETUPS`)."""
 
     role: str
     opt: Any
     layout: str
+    setup: str = "megatron-core"
+
+    def __post_init__(self) -> None:
+        from nemo_muon.preflight.bridge_setup import SETUPS
+
+        check_choice("preflight path setup", self.setup, SETUPS)
 
     def describe(self) -> str:
-        """One line: engine, collectives, ownership, layout."""
+        """One line: engine, collectives, ownership, setup, layout."""
         split = getattr(self.opt, "ns_split_target", None)
         return (f"engine={getattr(self.opt, 'engine', None)} collectives={getattr(self.opt, 'collectives', None)} "
                 f"ownership={'whole-tensor' if split is None else f'split to max/mean {split}'} "
-                f"layout={self.layout}")
+                f"setup={self.setup} layout={self.layout}")
 
 
-def preflight_plan(recipe: Any, parameter_layout: bool) -> tuple[PreflightPath, PreflightPath]:
+def preflight_plan(recipe: Any, parameter_layout: bool,
+                   bridge_setup: bool = False) -> tuple[PreflightPath, PreflightPath]:
     """(ours, reference): ours is the recipe's optimizer as the real job builds it (``collectives``,
-    ``ns_split_target``; on >= 0.18 ``reduce_scatter`` is DDP's cost layout), the reference the same optimizer on
-    the least-patched path of the stack (``collectives='all_reduce'``, whole-tensor ownership; on >= 0.18 the legacy
-    layout: Megatron's DDP and layer-wise all-gather, nothing of ours in between)."""
+    ``ns_split_target``; on >= 0.18 ``reduce_scatter`` is DDP's cost layout; ``bridge_setup``: through
+    Megatron-Bridge's own model and optimizer setup, `nemo_muon.preflight.bridge_setup`), the reference the same
+    optimizer on the least-patched path of the stack (``collectives='all_reduce'``, whole-tensor ownership; on >= 0.18
+    the legacy layout: Megatron's DDP and layer-wise all-gather, nothing of ours in between; built on Megatron-Core
+    directly)."""
     opt = recipe.optimizer
     reduce_scatter = getattr(opt, "collectives", "all_reduce") == "reduce_scatter"
     ours_layout = "cost" if parameter_layout and reduce_scatter else "legacy"
     reference_opt = dataclasses.replace(opt, collectives="all_reduce")
     if hasattr(opt, "ns_split_target"):
         reference_opt = dataclasses.replace(reference_opt, ns_split_target=None)
-    return PreflightPath("ours", opt, ours_layout), PreflightPath("reference", reference_opt, "legacy")
+    ours_setup = "bridge" if bridge_setup else "megatron-core"
+    return (PreflightPath("ours", opt, ours_layout, ours_setup),
+            PreflightPath("reference", reference_opt, "legacy"))

@@ -58,6 +58,8 @@ class Figures:
     single_process: tuple[str, float] | None = None
     """Ours' masters after the first step against the single-process reference
     (`nemo_muon.preflight.single_process`): (parameter, `master_worst`); None where it did not run."""
+    single_process_reference: tuple[str, float] | None = None
+    """The reference path's against the same (reported, not checked: it tells which path departs)."""
     single_process_not_run: str | None = None
     """Why the single-process reference did not run (`single_process.not_run_reason`)."""
     master_worst_last: tuple[str, float] | None = None
@@ -92,8 +94,11 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def build_replica(role: str, opt: Any, layout: str, recipe: Any, ep: int) -> Replica:
-    """A replica from the fixed seed on this rank's device, its DDP wrap and the optimizer of ``opt``."""
+def build_replica(role: str, opt: Any, layout: str, recipe: Any, ep: int, setup: str = "megatron-core",
+                  steps: int = 1) -> Replica:
+    """A replica from the fixed seed on this rank's device, its DDP wrap and the optimizer of ``opt``: by nemo-muon's
+    builder on Megatron-Core, or (``setup='bridge'``, ``opt`` the recipe's) by Megatron-Bridge's own setup
+    (`nemo_muon.preflight.bridge_setup`, a constant learning rate over ``steps``)."""
     import torch
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -105,9 +110,18 @@ def build_replica(role: str, opt: Any, layout: str, recipe: Any, ep: int) -> Rep
 
     model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
     torch.manual_seed(SEED)
-    model, config, spec = build_tiny_model(tiny_spec_of_family(recipe.model.family), ep=ep)
+    bridge = setup == "bridge"
+    model, config, spec = build_tiny_model(tiny_spec_of_family(recipe.model.family), ep=ep,
+                                           mixed_precision_wrap=not bridge)
     model = model.to(_device())
     pgs = mpu_process_groups()
+    if bridge:
+        from nemo_muon.preflight.bridge_setup import build_through_bridge
+
+        ddp_model, optimizer = build_through_bridge(recipe, model, pgs, steps)
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = ddp_model.no_sync
+        return Replica(role, opt, layout, ddp_model, optimizer, spec.vocab_size)
     ddp_model = wrap_in_ddp(model, config, opt, True, pgs, layout=layout)
     if getattr(opt, "engine", None) == "nemo_muon" and has_layouts():  # on >= 0.18 DDP's wiring decides
         wired = "reduce_scatter" if ddp_model.ddp_config.use_distributed_optimizer else "all_reduce"
@@ -317,10 +331,11 @@ def run_preflight(request: PreflightRequest, checkpoint_dir: str, plant: Plant |
     import torch.distributed as dist
     from megatron.core import parallel_state
 
+    from nemo_muon.preflight.bridge_setup import bridge_setup_applies
     from nemo_muon.preflight.wiring import has_layouts
 
     recipe = request.training_recipe()
-    paths = preflight_plan(recipe, has_layouts())
+    paths = preflight_plan(recipe, has_layouts(), bridge_setup_applies())
     world = dist.get_world_size()
     if world != request.world_size:
         raise ValueError(f"preflight.world_size is {request.world_size} but {world} ranks joined")
@@ -337,13 +352,14 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
     from megatron.core import dist_checkpointing
 
     from nemo_muon.preflight.single_process import not_run_reason, single_process_masters
-    from nemo_muon.preflight.state import checkpoint_state, integrity_check
+    from nemo_muon.preflight.state import checkpoint_state, integrity_check, settle
 
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
     ep_rank = parallel_state.get_expert_model_parallel_rank()
     replicas = {}
     for path in paths:
-        replicas[path.role] = build_replica(path.role, path.opt, path.layout, recipe, request.ep)
+        replicas[path.role] = build_replica(path.role, path.opt, path.layout, recipe, request.ep, path.setup,
+                                            request.steps + 1)
         plant("built", path.role, replicas[path.role])
     figures = Figures(paths={r.role: p.describe() for r, p in zip(replicas.values(), paths, strict=True)},
                       losses={r: [] for r in replicas}, step_s={r: [] for r in replicas},
@@ -372,8 +388,10 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
             figures.master_worst = _compare_masters(first["ours"], first["reference"], initial, keys)
             if single is not None:
                 figures.single_process = _against_single(first["ours"], single, initial)
+                figures.single_process_reference = _against_single(first["reference"], single, initial)
         if step + 1 == request.checkpoint_step:
             ours = replicas["ours"]
+            settle(ours.ddp_model)  # as megatron.training syncs the parameters before a save
             dist_checkpointing.save(checkpoint_state(ours.ddp_model, ours.optimizer, loading=False), checkpoint_dir,
                                     **integrity_check())
             dist.barrier()
@@ -403,7 +421,7 @@ def _resume(request: PreflightRequest, recipe: Any, path: Any, checkpoint_dir: s
 
     from nemo_muon.preflight.state import resume_from
 
-    resumed = build_replica("resumed", path.opt, path.layout, recipe, request.ep)
+    resumed = build_replica("resumed", path.opt, path.layout, recipe, request.ep, path.setup, request.steps + 1)
     error = None
     try:
         resume_from(resumed.ddp_model, resumed.optimizer, checkpoint_dir)
@@ -413,7 +431,7 @@ def _resume(request: PreflightRequest, recipe: Any, path: Any, checkpoint_dir: s
     if errors:
         figures.resume_problems.append(f"the checkpoint saved after step {request.checkpoint_step} does not load: "
                                        f"{errors[0]}")
-        return build_replica("resumed", path.opt, path.layout, recipe, request.ep)
+        return build_replica("resumed", path.opt, path.layout, recipe, request.ep, path.setup, request.steps + 1)
     plant("resumed", "ours", resumed)
     for step in range(request.checkpoint_step, request.steps):
         loss, _, _ = train_step(resumed, step, dp_rank, dp_size)

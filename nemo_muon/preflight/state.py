@@ -62,11 +62,14 @@ def checkpoint_state(ddp_model: Any, optimizer: Any, *, loading: bool) -> dict:
 
 
 def settle(ddp_model: Any) -> None:
-    """Finish the parameter gathers a Megatron-Core 0.16 / 0.17 step leaves to the next forward
-    (`nemo_muon.megatron.core_016_017.owner_gather`), before reading the parameters outside a forward."""
+    """Finish the parameter gathers a step leaves to the next forward, before reading the parameters outside a forward:
+    ours on Megatron-Core 0.16 / 0.17 (`nemo_muon.megatron.core_016_017.owner_gather`), DDP's own where its config
+    overlaps the param gather with the forward (Bridge's setup on a layout)."""
     gathers = getattr(ddp_model, "param_gathers", None)
     if gathers is not None:
         gathers.finish()
+    if getattr(ddp_model.ddp_config, "overlap_param_gather", False):
+        ddp_model.start_param_sync(force_sync=True)
 
 
 def resume_from(ddp_model: Any, optimizer: Any, checkpoint_dir: str, state_for_load: dict | None = None) -> None:

@@ -38,10 +38,11 @@ def tiny_spec_of_family(family: str) -> str:
 
 
 def build_tiny_model(spec_name: str, tp: int = 1, dense: bool = False, ep: int = 1, seq: int = SEQ, pp: int = 1,
-                     vp_stage: int | None = None, vp: int = 1) -> tuple[Any, Any, Any]:
+                     vp_stage: int | None = None, vp: int = 1, mixed_precision_wrap: bool = True) -> tuple[Any, Any, Any]:
     """(Float16Module(GPTModel), its TransformerConfig, the ModelSpec) of the spec ``spec_name`` at the given TP / EP /
     PP sizes (Megatron's parallel state must be initialized with them). ``dense``: drop the MoE layers (see
-    `DENSE_DROPS`); ``vp_stage`` / ``vp``: one virtual-pipeline chunk."""
+    `DENSE_DROPS`); ``vp_stage`` / ``vp``: one virtual-pipeline chunk; ``mixed_precision_wrap=False``: the bare
+    bf16 `GPTModel` (Bridge's model setup wraps it in `Float16Module` itself)."""
     import torch
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -76,4 +77,4 @@ def build_tiny_model(spec_name: str, tp: int = 1, dense: bool = False, ep: int =
              "post_process": parallel_state.is_pipeline_last_stage(**ends), **chunk} if pp > 1 else {}
     model = GPTModel(config=config, transformer_layer_spec=block_spec, max_sequence_length=seq, **model_fields(spec),
                      **gpt_args, **stage)
-    return Float16Module(config, model), config, spec
+    return (Float16Module(config, model) if mixed_precision_wrap else model), config, spec

@@ -103,6 +103,12 @@ def preflight_rank(rank, world_size, group, request, plant):
     from tests.megatron_cpu import shims
 
     shims.install()
+    from nemo_muon.preflight.bridge_setup import bridge_setup_applies
+
+    if bridge_setup_applies():  # Bridge's own setup builds ours: Bridge imports with the harness's TE stub
+        from tests.megatron_cpu.te_stub import bridge_imports_without_te
+
+        bridge_imports_without_te()
     from nemo_muon.preflight.main import preflight_on_rank
 
     doc, code = preflight_on_rank(request, functools.partial(PLANTS[plant], request.out_dir) if plant else None)

@@ -18,6 +18,17 @@ ASSEMBLY = importlib.metadata.version("megatron-core").startswith(("0.16.", "0.1
 """Megatron-Core 0.16 / 0.17: the layer-wise path our assembly wires (no parameter layout)."""
 
 
+def _bridge_minor() -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in importlib.metadata.version("megatron-bridge").split(".")[:2])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+BRIDGE_SETUP = (_bridge_minor() or (0, 0)) >= (0, 4)
+"""Megatron-Bridge >= 0.4 (NGC 26.04-26.08): its own model and optimizer setup builds ours (the job's path there)."""
+
+
 @pytest.mark.parametrize(("recipe", "world_size", "ep", "overrides"), [
     pytest.param("kimi_k2_muon", 2, 1, (), id="kimi_k2_muon-2ranks"),
     pytest.param("kimi_k2_muon", 2, 1, ("optimizer.collectives=reduce_scatter",), id="reduce_scatter-2ranks"),
@@ -42,6 +53,8 @@ def test_the_recipes_path_passes_every_check_and_writes_its_report(tmp_path, rec
         doc["figures"]["losses"]["ours"][0]
     assert "PASSED" in (out / "preflight.md").read_text()
     assert not list(out.glob("checkpoint-*")), "the preflight's checkpoint is removed"
+    assert ("setup=bridge" in doc["paths"]["ours"]) == BRIDGE_SETUP
+    assert "setup=megatron-core" in doc["paths"]["reference"]
     on_cost_layout = doc["paths"]["ours"].endswith("layout=cost")  # 0.18+ with collectives=reduce_scatter
     assert on_cost_layout == (not ASSEMBLY and (bool(overrides) or recipe == "kimi_k2_muon_split"))
     owners = doc["checks"][0]["figure"]
