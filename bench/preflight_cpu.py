@@ -1,8 +1,9 @@
 """`nemo-muon preflight` on CPU gloo ranks: the report a preflight writes, and its optimizer-step ratio.
 
 Runs `nemo_muon.preflight.main.preflight_on_rank` on ``--world`` ranks with the test harness's CUDA shims
-(tests/megatron_cpu/shims.py: on CPU Megatron-Core needs them; on GPUs `nemo-muon preflight` runs without), with the
-Megatron-Core of the interpreter: `.venv/bin/python bench/preflight_cpu.py --recipe kimi_k2_muon_split`. Prints
+(tests/megatron_cpu/shims.py: on CPU Megatron-Core needs them; on GPUs `nemo-muon preflight` runs without; where
+Bridge's setup builds ours, its TE import stub too), with the Megatron-Core (and Bridge) of the interpreter:
+`.venv/bin/python bench/preflight_cpu.py --recipe kimi_k2_muon_split`. Prints
 preflight.md (written under ``--out``) and the step-time figure: the median optimizer step of the recipe's path over
 the reference path's, both measured in this run on the same ranks.
 """
@@ -17,8 +18,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _rank(rank: int, world: int, group: object, request: object) -> dict:
+    from nemo_muon.preflight.bridge_setup import bridge_setup_applies
     from tests.megatron_cpu import shims
 
+    if bridge_setup_applies():  # ours through Bridge's setup: Bridge imports (with the harness's TE stub) before
+        # the shims replace torch.cuda names (transformers annotates with torch.cuda.Stream at import)
+        from tests.megatron_cpu.te_stub import bridge_imports_without_te
+
+        bridge_imports_without_te()
     shims.install()
     from nemo_muon.preflight.main import preflight_on_rank
 

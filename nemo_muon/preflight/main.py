@@ -54,10 +54,20 @@ def preflight_on_rank(request: PreflightRequest, plant: Any = None) -> tuple[dic
     checks = evaluate(figures, request)
     import torch
 
-    doc = document(request, figures, checks, {"torch": torch.__version__, **installed_versions()})
+    doc = document(request, figures, checks, {"torch": torch.__version__, **installed_versions(),
+                                              "megatron-bridge": _version("megatron-bridge")})
     if rank == 0:
         write_reports(request.out_dir, doc)
     return doc, 0 if first_failure(checks) is None else FAILED_EXIT
+
+
+def _version(distribution: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def parse_request(argv: list[str], world_size: int) -> PreflightRequest:

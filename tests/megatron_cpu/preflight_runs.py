@@ -100,15 +100,15 @@ PLANTS = {"unreduced_gradients": _plant_unreduced_gradients, "wrong_owner": _pla
 def preflight_rank(rank, world_size, group, request, plant):
     import functools
 
+    from nemo_muon.preflight.bridge_setup import bridge_setup_applies
     from tests.megatron_cpu import shims
 
-    shims.install()
-    from nemo_muon.preflight.bridge_setup import bridge_setup_applies
-
-    if bridge_setup_applies():  # Bridge's own setup builds ours: Bridge imports with the harness's TE stub
+    if bridge_setup_applies():  # ours through Bridge's setup: Bridge imports (with the harness's TE stub) before
+        # the shims replace torch.cuda names (transformers annotates with torch.cuda.Stream at import)
         from tests.megatron_cpu.te_stub import bridge_imports_without_te
 
         bridge_imports_without_te()
+    shims.install()
     from nemo_muon.preflight.main import preflight_on_rank
 
     doc, code = preflight_on_rank(request, functools.partial(PLANTS[plant], request.out_dir) if plant else None)
