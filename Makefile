@@ -43,8 +43,8 @@ MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provid
 	tests/megatron_cpu/test_pinned_hook_points.py $(NEWEST_TESTS)/test_bridge_checkpoint.py \
 	$(addprefix tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report,\
 	[reduce_scatter-2ranks] [split-2ranks])
-# Bridge 0.6's own model and optimizer setup under preflight (ours is built by it on 26.04-26.08; the mid releases
-# run it in MID_TESTS' preflight paths, .venv has no Bridge).
+# Bridge 0.6's own model and optimizer setup under preflight (ours is built by it on 26.02-26.08: test-stack runs
+# tests/megatron_cpu on 26.02's, the mid releases MID_TESTS' preflight paths; .venv has no Bridge).
 NEWEST_PREFLIGHT := tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report[reduce_scatter-2ranks]
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack

@@ -1,10 +1,11 @@
-"""Ours through Megatron-Bridge's own setup, where the job's Bridge builds the optimizer (Bridge >= 0.4: NGC 26.04-26.08).
+"""Ours through Megatron-Bridge's own setup, as the job builds it (Bridge 0.3-0.6: NGC 26.02-26.08).
 
 The real job on these stacks is Bridge's ``pretrain`` on the recipe's `ConfigContainer`
 (`nemo_muon.megatron.bridge.container.pretrain`): the model provider's ``provide_distributed_model`` (Bridge's
 pre-wrap hooks, Megatron-Core's DDP wrap; on Bridge 0.5 / 0.6 with ``collectives='reduce_scatter'`` our cost layout
-installed on the provider as the job installs it) and Bridge's ``setup_optimizer`` on ``container.optimizer`` (our
-`EngineOptimizerConfig`, whose ``provide`` builds the engine). Preflight runs that on the tiny model: the job's
+installed on the provider as the job installs it) and Bridge's ``setup_optimizer`` on ``container.optimizer`` (on
+>= 0.4 our `EngineOptimizerConfig`, whose ``provide`` builds the engine; on 0.3 Bridge's own config, with the hook
+the job installs, `nemo_muon.megatron.bridge_03.hook`). Preflight runs that on the tiny model: the job's
 optimizer config (`bridge_optimizer_config`, what the container holds) and the DDP fields the job sets on the
 container (`bridge_field_overrides`' ``ddp``: the distributed optimizer, the overlapped param gather of a layout, the
 NaN check), on the harness's DDP settings for the rest (`wiring.ddp_config_kwargs`: bf16 reductions, no overlapped
@@ -13,8 +14,8 @@ rate (the recipe's peak, so that the steps compare with the reference path's; th
 scheduler's, not the optimizer path's). Not the container's base (the model's full-size DDP buckets and the like):
 building it reads the model's Hugging Face config.
 
-`bridge_setup_applies` says where: Megatron-Bridge installed with the ``provide`` entry. Elsewhere (Bridge 0.3 on
-26.02, whose job enters through the hook, or Megatron-Core alone) ours is built by `nemo_muon.megatron.shared.build`.
+`bridge_setup_applies` says where: Megatron-Bridge installed (a generation nemo-muon enters). Without Bridge
+(Megatron-Core alone) ours is built by `nemo_muon.megatron.shared.build`.
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ SETUPS = ("bridge", "megatron-core")
 
 
 def bridge_setup_applies() -> bool:
-    """Megatron-Bridge is installed and its setup asks our optimizer config to build the optimizer (``provide``)."""
+    """Megatron-Bridge is installed and the job enters our engine through its setup: ``provide`` (Bridge >= 0.4) or
+    the hook the job installs (Bridge 0.3)."""
     from nemo_muon.megatron.generations import installed_bridge_generation
 
     try:
         importlib.metadata.version("megatron-bridge")
     except importlib.metadata.PackageNotFoundError:
         return False
-    return installed_bridge_generation().engine_optimizer_config is not None
+    generation = installed_bridge_generation()
+    return generation.engine_optimizer_config is not None or generation.install_engine is not None
 
 
 def _tiny_provider(model: Any) -> Any:
@@ -77,6 +80,8 @@ def build_through_bridge(recipe: Any, model: Any, pg_collection: Any, steps: int
         routes_cost_layout,
     )
     from nemo_muon.megatron.generations import entry, installed_bridge_generation
+    from nemo_muon.megatron.shared.optimizer_config import ENGINE_NEMO_MUON
+    from nemo_muon.megatron.shared.stack import optimizer_engine
     from nemo_muon.preflight.wiring import ddp_config_kwargs
 
     opt = recipe.optimizer
@@ -86,10 +91,13 @@ def build_through_bridge(recipe: Any, model: Any, pg_collection: Any, steps: int
     optim_config = bridge_optimizer_config(opt, bridge_optimizer_spec(recipe))  # the job's ConfigContainer.optimizer
     sync(types.SimpleNamespace(ddp=ddp_config, optimizer=optim_config))  # what ConfigContainer.validate() runs
     optim_config.finalize()
+    generation = installed_bridge_generation()
+    if optimizer_engine(opt) == ENGINE_NEMO_MUON and generation.install_engine is not None:
+        entry(generation.install_engine)(opt)  # Bridge 0.3: as the job installs it; its setup_optimizer builds ours
     provider = _tiny_provider(model)
     planner = None
     if cost_layout:  # Bridge 0.5 / 0.6: as the job installs it on its provider
-        planner = entry(installed_bridge_generation().cost_layout)(provider, opt)
+        planner = entry(generation.cost_layout)(provider, opt)
     (ddp_model,) = provider.provide_distributed_model(ddp_config=ddp_config, pg_collection=pg_collection,
                                                       use_cpu_initialization=model.config.use_cpu_initialization,
                                                       data_parallel_random_init=False)

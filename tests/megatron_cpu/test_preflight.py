@@ -25,8 +25,9 @@ def _bridge_minor() -> tuple[int, ...] | None:
         return None
 
 
-BRIDGE_SETUP = (_bridge_minor() or (0, 0)) >= (0, 4)
-"""Megatron-Bridge >= 0.4 (NGC 26.04-26.08): its own model and optimizer setup builds ours (the job's path there)."""
+BRIDGE_SETUP = _bridge_minor() is not None
+"""Megatron-Bridge installed (NGC 26.02-26.08's stacks): its own model and optimizer setup builds ours, as the job's
+(0.3 through the hook the job installs, >= 0.4 through ``provide``)."""
 
 
 @pytest.mark.parametrize(("recipe", "world_size", "ep", "overrides"), [
