@@ -23,20 +23,14 @@ def batch(step: int, dp_rank: int, vocab: int) -> tuple[Any, Any]:
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-
-def forward_backward(ddp_model: Any, optimizer: Any, step: int, dp_rank: int, vocab: int, micro_batches: int = 1,
-                     loss_factor: float = 1.0) -> Any:
-    """Zero the grads, then ``micro_batches`` micro-batches of step ``step`` forward and backward through Megatron's
-    schedule (grads accumulated, then reduced by DDP's finalize); returns the loss tensor (mean logit-level loss of
-    this rank's micro-batches; zero on a pipeline stage before the last). ``loss_factor`` multiplies the loss (NaN: a
-    fault in this rank's backward). ``ddp_model``: one DDP chunk, or a rank's list of virtual-pipeline chunks."""
+def through_schedule(chunks: list[Any], batches: list[tuple[Any, Any]], loss_factor: float = 1.0) -> list[dict]:
+    """``batches`` (one per micro-batch) forward and backward through Megatron's schedule on ``chunks`` (one model, or
+    a rank's virtual-pipeline chunks), gradients accumulated into them; the schedule's per-micro-batch outputs
+    (``{"lm loss": ...}``; empty on a pipeline stage before the last). ``loss_factor`` multiplies the loss."""
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]
-    device = next(chunks[0].parameters()).device  # the model's: CPU here, the rank's GPU under CUDA
-    batches = [tuple(t.to(device) for t in batch(step, dp_rank * micro_batches + i, vocab))
-               for i in range(micro_batches)]
+    device = batches[0][0].device
     position_ids = torch.arange(SEQ, device=device).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
     mask = torch.tril(torch.ones(1, 1, SEQ, SEQ, device=device)) < 0.5
 
@@ -50,13 +44,29 @@ def forward_backward(ddp_model: Any, optimizer: Any, step: int, dp_rank: int, vo
 
         return out, loss_func
 
+    data = iter(batches) if len(chunks) == 1 else [iter(batches) for _ in chunks]
+    return get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=chunks,
+                                       num_microbatches=len(batches), seq_length=SEQ, micro_batch_size=MICRO_BATCH,
+                                       forward_only=False)
+
+
+def forward_backward(ddp_model: Any, optimizer: Any, step: int, dp_rank: int, vocab: int, micro_batches: int = 1,
+                     loss_factor: float = 1.0) -> Any:
+    """Zero the grads, then ``micro_batches`` micro-batches of step ``step`` forward and backward through Megatron's
+    schedule (`through_schedule`; grads accumulated, then reduced by DDP's finalize); returns the loss tensor (mean
+    logit-level loss of this rank's micro-batches; zero on a pipeline stage before the last). ``loss_factor``
+    multiplies the loss (NaN: a fault in this rank's backward). ``ddp_model``: one DDP chunk, or a rank's list of
+    virtual-pipeline chunks."""
+    import torch
+
+    chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]
+    device = next(chunks[0].parameters()).device  # the model's: CPU here, the rank's GPU under CUDA
+    batches = [tuple(t.to(device) for t in batch(step, dp_rank * micro_batches + i, vocab))
+               for i in range(micro_batches)]
     for chunk in chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    data = iter(batches) if len(chunks) == 1 else [iter(batches) for _ in chunks]
-    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=chunks,
-                                      num_microbatches=micro_batches, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
-                                      forward_only=False)
+    out = through_schedule(chunks, batches, loss_factor)
     if not out:  # a pipeline stage before the last: no loss here
         return torch.zeros(())
     return torch.stack([o["lm loss"] for o in out]).mean()

@@ -34,28 +34,13 @@ def not_run_reason(recipe: Any, ep: int) -> str | None:
 def first_step_gradients(model: Any, dp_size: int, vocab: int) -> dict[str, Any]:
     """Parameter name -> the first step's gradient (bf16) averaged over ``dp_size`` data-parallel batches, each
     batch through Megatron's schedule as one rank's (the aux losses scaled as the schedule scales them)."""
-    import torch
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    from nemo_muon.preflight.batches import MICRO_BATCH, batch
-    from nemo_muon.preflight.tiny_model import SEQ
+    from nemo_muon.preflight.batches import batch, through_schedule
 
     device = next(model.parameters()).device
-    position_ids = torch.arange(SEQ, device=device).unsqueeze(0).expand(MICRO_BATCH, -1).contiguous()
-    mask = torch.tril(torch.ones(1, 1, SEQ, SEQ, device=device)) < 0.5
-
-    def forward_step(data_iterator: Any, m: Any) -> tuple[Any, Any]:
-        input_ids, labels = next(data_iterator)
-        out = m(input_ids, position_ids, mask, labels=labels)
-        return out, lambda output: (output.float().mean(), {})
-
     total: dict[str, Any] = {}
     for dp_rank in range(dp_size):
         model.zero_grad(set_to_none=True)
-        data = iter([tuple(t.to(device) for t in batch(0, dp_rank, vocab))])
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=[model],
-                                    num_microbatches=1, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
-                                    forward_only=False)
+        through_schedule([model], [tuple(t.to(device) for t in batch(0, dp_rank, vocab))])
         for name, p in model.named_parameters():
             if p.grad is None:
                 continue
