@@ -374,8 +374,12 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
     initial = _merged(_gather(_owned(replicas["reference"], ep_rank)))
     keys = set().union(*(set().union(*_gather(_matrix_keys(r, ep_rank))) for r in replicas.values()))
     figures.single_process_not_run = not_run_reason(recipe, request.ep)
-    single = None if figures.single_process_not_run else single_process_masters(
-        replicas["reference"].ddp_model.module.state_dict(), recipe, dp_size, keys)
+    single = None
+    if figures.single_process_not_run is None:  # one process computes it (every rank holds the whole model here)
+        holder = [single_process_masters(replicas["reference"].ddp_model.module.state_dict(), recipe, dp_size, keys)
+                  if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(holder, src=0)
+        single = holder[0]
     for step in range(request.steps):
         for role, replica in replicas.items():
             loss, seconds, ok = train_step(replica, step, dp_rank, dp_size)
