@@ -34,7 +34,7 @@ def preflight_on_rank(request: PreflightRequest, plant: Any = None) -> tuple[dic
     the reports; the checkpoint lives in a new folder under ``out_dir``, removed afterwards."""
     import torch.distributed as dist
 
-    from nemo_muon.megatron.shared.stack import installed_versions
+    from nemo_muon.megatron.shared.stack import CHECKED_DISTRIBUTIONS, MBRIDGE, installed_versions
     from nemo_muon.preflight.checks import evaluate, first_failure
     from nemo_muon.preflight.report import document, write_reports
     from nemo_muon.preflight.run import run_preflight
@@ -54,20 +54,11 @@ def preflight_on_rank(request: PreflightRequest, plant: Any = None) -> tuple[dic
     checks = evaluate(figures, request)
     import torch
 
-    doc = document(request, figures, checks, {"torch": torch.__version__, **installed_versions(),
-                                              "megatron-bridge": _version("megatron-bridge")})
+    versions = installed_versions((*CHECKED_DISTRIBUTIONS, MBRIDGE))
+    doc = document(request, figures, checks, {"torch": torch.__version__, **versions})
     if rank == 0:
         write_reports(request.out_dir, doc)
     return doc, 0 if first_failure(checks) is None else FAILED_EXIT
-
-
-def _version(distribution: str) -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def parse_request(argv: list[str], world_size: int) -> PreflightRequest:

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from nemo_muon.megatron.shared.stack import MBRIDGE, installed_versions
 from nemo_muon.preflight.checks import CHECK_NAMES
 from nemo_muon.preflight.request import PreflightRequest
 from tests.megatron_cpu.preflight_runs import STEPS, run_cpu_preflight
@@ -18,14 +19,7 @@ ASSEMBLY = importlib.metadata.version("megatron-core").startswith(("0.16.", "0.1
 """Megatron-Core 0.16 / 0.17: the layer-wise path our assembly wires (no parameter layout)."""
 
 
-def _bridge_minor() -> tuple[int, ...] | None:
-    try:
-        return tuple(int(x) for x in importlib.metadata.version("megatron-bridge").split(".")[:2])
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-BRIDGE_SETUP = _bridge_minor() is not None
+BRIDGE_SETUP = installed_versions((MBRIDGE,))[MBRIDGE] is not None
 """Megatron-Bridge installed (NGC 26.02-26.08's stacks): its own model and optimizer setup builds ours, as the job's
 (0.3 through the hook the job installs, >= 0.4 through ``provide``)."""
 

@@ -86,10 +86,10 @@ def stack_problems(versions: Mapping[str, str | None]) -> list[StackProblem]:
     return problems
 
 
-def installed_versions() -> dict[str, str | None]:
-    """The installed versions of the distributions the rules read (None = not installed)."""
+def installed_versions(distributions: tuple[str, ...] = CHECKED_DISTRIBUTIONS) -> dict[str, str | None]:
+    """The installed versions of ``distributions`` (default: those the rules read); None = not installed."""
     out: dict[str, str | None] = {}
-    for dist in CHECKED_DISTRIBUTIONS:
+    for dist in distributions:
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
