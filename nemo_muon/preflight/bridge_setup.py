@@ -23,6 +23,9 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
+VALIDATE_SYNC = "_validate_and_sync_distributed_optimizer_settings"
+"""Bridge's private function ``ConfigContainer.validate()`` runs on the optimizer and DDP fields (0.3-0.6)."""
+
 SETUPS = ("bridge", "megatron-core")
 """How ours is built: Bridge's own model and optimizer setup, or nemo-muon's builder on Megatron-Core."""
 
@@ -69,8 +72,8 @@ def build_through_bridge(recipe: Any, model: Any, pg_collection: Any, steps: int
     cost layout the DDP model carries the plan its layout encodes as ``cost_layout_plan``."""
     import types
 
+    from megatron.bridge.training import config as bridge_config
     from megatron.bridge.training.config import DistributedDataParallelConfig
-    from megatron.bridge.training.config import _validate_and_sync_distributed_optimizer_settings as sync
     from megatron.bridge.training.optim import setup_optimizer
 
     from nemo_muon.megatron.bridge.container import (
@@ -84,6 +87,12 @@ def build_through_bridge(recipe: Any, model: Any, pg_collection: Any, steps: int
     from nemo_muon.megatron.shared.stack import optimizer_engine
     from nemo_muon.preflight.wiring import ddp_config_kwargs
 
+    sync = getattr(bridge_config, VALIDATE_SYNC, None)  # Bridge-private: present on 0.3-0.6 (tests run all four)
+    if sync is None:
+        raise RuntimeError(f"megatron-bridge {importlib.metadata.version('megatron-bridge')} has no "
+                           f"megatron.bridge.training.config.{VALIDATE_SYNC} (what ConfigContainer.validate() runs "
+                           "on the optimizer and DDP fields on Bridge 0.3-0.6): preflight's Bridge setup supports "
+                           "Bridge 0.3-0.6")
     opt = recipe.optimizer
     cost_layout = routes_cost_layout(opt)
     job_ddp = bridge_field_overrides(recipe, cost_layout=cost_layout)["ddp"]  # the job's ConfigContainer.ddp fields
