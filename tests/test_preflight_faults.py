@@ -1,5 +1,6 @@
 """A planted fault makes `nemo-muon preflight` fail the check it breaks (a matrix no rank updates, a gather skipped
-after the resume, a corrupted shard, gradients never reduced on either path), on CPU gloo ranks through
+after the resume, a corrupted shard, gradients never reduced on either path, experts' gradients not reduced over
+expert data parallelism), on CPU gloo ranks through
 Megatron-Core's real stack (tests/megatron_cpu/preflight_runs.py). The checks are the same code on every stack: these
 run once, in .venv (Megatron-Core 0.19.2); the passing paths run on every stack (tests/megatron_cpu/test_preflight.py),
 and so does an owner our plan did not choose (the plans differ by generation)."""
@@ -13,6 +14,8 @@ import pytest
 from nemo_muon.preflight.main import FAILED_EXIT
 from nemo_muon.preflight.report import exit_line
 from tests.megatron_cpu.preflight_runs import run_cpu_preflight
+
+EXPERT = "mlp.experts.local_experts."
 
 
 @pytest.mark.parametrize(("plant", "check", "recipe"), [
@@ -28,3 +31,13 @@ def test_a_planted_fault_fails_the_check_it_breaks(tmp_path, plant, check, recip
     doc = json.loads((out / "preflight.json").read_text())
     assert not doc["passed"] and doc["first_failure"] == result["first_failure"]
     assert exit_line(doc) == f"preflight failed: {result['first_failure']}"
+
+
+def test_expert_gradients_left_unreduced_fail_the_single_process_check_at_expert_parallelism(tmp_path):
+    """At EP=2 on 4 ranks (two expert data-parallel replicas of each expert), experts whose gradients are not reduced
+    over expert data parallelism pass every other check (both paths agree, each owner broadcasts its update); the
+    single-process reference, the experts of both EP ranks gathered into one model, fails naming an expert."""
+    result, _ = run_cpu_preflight(tmp_path, "kimi_k2_muon", world_size=4, ep=2, plant="unreduced_expert_gradients")
+    assert result["code"] == FAILED_EXIT
+    failure = result["first_failure"]
+    assert failure.startswith("FAIL single_process:") and EXPERT in failure, result["checks"]

@@ -1,5 +1,6 @@
 """The preflight's verdicts from its figures (no ranks): the single-process check passes, fails or says why it did not
-run, the report and the exit line say the same; the single-process reference's clip coefficient is the trainer's."""
+run, the report and the exit line say the same; the single-process reference's clip coefficient is the trainer's,
+and an expert-parallel rank's experts take their places in its whole model."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from nemo_muon.preflight.checks import CHECK_NAMES, evaluate, first_failure
 from nemo_muon.preflight.report import document, exit_line, markdown
 from nemo_muon.preflight.request import MASTER_RTOL, PreflightRequest
 from nemo_muon.preflight.run import Figures, _against_single
-from nemo_muon.preflight.single_process import CLIP_EPS, clip_coefficient, not_run_reason
+from nemo_muon.preflight.single_process import CLIP_EPS, clip_coefficient, not_run_reason, world_key_to_name
 
 REQUEST = PreflightRequest(recipe="kimi_k2_muon", world_size=2, steps=6)
 
@@ -45,9 +46,11 @@ def test_the_reference_paths_distance_to_the_single_process_is_reported_not_chec
 
 
 def test_a_single_process_reference_that_could_not_run_says_why_and_does_not_fail():
-    reason = not_run_reason(REQUEST.training_recipe(), ep=2)
-    assert reason is not None and reason.startswith("ep=2: the experts live on 2 ranks")
-    assert not_run_reason(REQUEST.training_recipe(), ep=1) is None
+    megatrons_engine = PreflightRequest(recipe="kimi_k2_muon", world_size=2, steps=6,
+                                        overrides=("optimizer.engine=megatron",))
+    reason = not_run_reason(megatrons_engine.training_recipe())
+    assert reason is not None and reason.startswith("optimizer.engine='megatron': the drop-in is nemo-muon's")
+    assert not_run_reason(REQUEST.training_recipe()) is None
     checks = evaluate(_figures(None, reason), REQUEST)
     check = checks[CHECK_NAMES.index("single_process")]
     assert not check.ran and check.passed and check.verdict().startswith(f"NOT RUN single_process: {reason}")
@@ -80,3 +83,18 @@ def test_ours_is_built_by_bridges_setup_where_the_jobs_bridge_builds_it_and_the_
     assert f"setup={ours.setup} layout=legacy" in ours.describe()
     with pytest.raises(ValueError, match=r"preflight path setup must be one of \('bridge', 'megatron-core'\); got 'x'"):
         PreflightPath("ours", ours.opt, "legacy", "x")
+
+
+@pytest.mark.parametrize(("key", "name"), [
+    ("ep0/module.decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight",
+     "module.decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight"),
+    ("ep1/module.decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight",
+     "module.decoder.layers.1.mlp.experts.local_experts.4.linear_fc1.weight"),
+    ("ep1/module.decoder.layers.12.mlp.experts.local_experts.3.linear_fc1.weight",
+     "module.decoder.layers.12.mlp.experts.local_experts.7.linear_fc1.weight"),
+    ("module.decoder.layers.1.mlp.shared_experts.linear_fc1.weight",
+     "module.decoder.layers.1.mlp.shared_experts.linear_fc1.weight"),
+])
+def test_an_expert_parallel_ranks_experts_take_their_places_in_the_whole_model(key, name):
+    """EP rank r's ``local_experts.i`` is expert ``r * local + i`` of the single-process model (4 local experts)."""
+    assert world_key_to_name(key, local_experts=4) == name

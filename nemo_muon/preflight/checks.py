@@ -3,7 +3,7 @@
 The order is the order a user should read a failure in: who updates each parameter, whether replicas agree, then the
 numbers (losses, masters against the reference path, then against the single-process reference), the checkpoint,
 the non-finite policy, and the optimizer step's time last. A check that cannot run for the request (the
-single-process reference at expert parallelism > 1) says so and why (``ran=False``); it does not fail the preflight.
+single-process reference of Megatron's own engine) says so and why (``ran=False``); it does not fail the preflight.
 """
 
 from __future__ import annotations

@@ -21,9 +21,12 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_muon.preflight.request import WARMUP_STEPS, PreflightRequest, preflight_plan
+
+if TYPE_CHECKING:
+    from nemo_muon.preflight.single_process import FirstStep
 
 Plant = Callable[[str, str, "Replica"], None]
 
@@ -332,6 +335,7 @@ def run_preflight(request: PreflightRequest, checkpoint_dir: str, plant: Plant |
     from megatron.core import parallel_state
 
     from nemo_muon.preflight.bridge_setup import bridge_setup_applies
+    from nemo_muon.preflight.single_process import run_first_step
     from nemo_muon.preflight.wiring import has_layouts
 
     recipe = request.training_recipe()
@@ -341,17 +345,23 @@ def run_preflight(request: PreflightRequest, checkpoint_dir: str, plant: Plant |
         raise ValueError(f"preflight.world_size is {request.world_size} but {world} ranks joined")
     parallel_state.initialize_model_parallel(expert_model_parallel_size=request.ep)
     try:
-        return _run(request, recipe, paths, checkpoint_dir, plant or (lambda *_: None), parallel_state)
+        figures, first = _run(request, recipe, paths, checkpoint_dir, plant or (lambda *_: None), parallel_state)
     finally:
         parallel_state.destroy_model_parallel()
+    if first is not None:  # the single-process reference, in its own model-parallel state at EP=1
+        single = run_first_step(first, recipe, _device())
+        figures.single_process = _against_single(first.ours, single, first.initial)
+        figures.single_process_reference = _against_single(first.reference, single, first.initial)
+    return figures
 
 
 def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str, plant: Plant,
-         parallel_state: Any) -> Figures:
+         parallel_state: Any) -> tuple[Figures, FirstStep | None]:
+    """The runs and their figures, and what the single-process comparison needs (None where it does not run)."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
-    from nemo_muon.preflight.single_process import not_run_reason, single_process_masters
+    from nemo_muon.preflight.single_process import FirstStep, not_run_reason, whole_model_state
     from nemo_muon.preflight.state import checkpoint_state, integrity_check, settle
 
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
@@ -373,13 +383,12 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
             figures.planned[role] = kind
     initial = _merged(_gather(_owned(replicas["reference"], ep_rank)))
     keys = set().union(*(set().union(*_gather(_matrix_keys(r, ep_rank))) for r in replicas.values()))
-    figures.single_process_not_run = not_run_reason(recipe, request.ep)
-    single = None
-    if figures.single_process_not_run is None:  # one process computes it (every rank holds the whole model here)
-        holder = [single_process_masters(replicas["reference"].ddp_model.module.state_dict(), recipe, dp_size, keys)
-                  if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(holder, src=0)
-        single = holder[0]
+    figures.single_process_not_run = not_run_reason(recipe)
+    first_step = None
+    if figures.single_process_not_run is None:
+        local_experts = (replicas["reference"].ddp_model.config.num_moe_experts or 0) // request.ep
+        state = whole_model_state(replicas["reference"].ddp_model.module, ep_rank, request.ep, local_experts)
+        first_step = FirstStep(state, keys, {}, {}, initial, dp_size, local_experts)
     for step in range(request.steps):
         for role, replica in replicas.items():
             loss, seconds, ok = train_step(replica, step, dp_rank, dp_size)
@@ -390,9 +399,8 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
         if step == 0:  # from equal states on the same batch: the two paths' masters are comparable (MASTER_RTOL)
             first = {role: _merged(_gather(_owned(replica, ep_rank))) for role, replica in replicas.items()}
             figures.master_worst = _compare_masters(first["ours"], first["reference"], initial, keys)
-            if single is not None:
-                figures.single_process = _against_single(first["ours"], single, initial)
-                figures.single_process_reference = _against_single(first["reference"], single, initial)
+            if first_step is not None:
+                first_step.ours, first_step.reference = first["ours"], first["reference"]
         if step + 1 == request.checkpoint_step:
             ours = replicas["ours"]
             settle(ours.ddp_model)  # as megatron.training syncs the parameters before a save
@@ -412,7 +420,7 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
                       ours_masters)
     figures.nonfinite = nonfinite_step(resumed, request.steps, dp_rank, dp_size,
                                        getattr(resumed.opt, "nonfinite", "raise"))
-    return figures
+    return figures, first_step
 
 
 def _resume(request: PreflightRequest, recipe: Any, path: Any, checkpoint_dir: str, plant: Plant, dp_rank: int,

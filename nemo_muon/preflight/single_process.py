@@ -8,27 +8,85 @@ masters of the matrices. The distributed run's masters after its first step must
 reduced to the wrong owner, a clip coefficient taken from one rank's share of the norm, or an update applied twice
 or not at all move a matrix by a whole update.
 
-Where the math allows it: the whole model in one process (expert parallelism 1: the experts of EP > 1 live on
-several ranks) and our engine's update (``engine='nemo_muon'``: the drop-in is the same optimizer); `not_run_reason`
+It runs after the distributed runs, in a model-parallel state of its own at expert parallelism 1 (`run_first_step`),
+on rank 0, from the replicas' initial weights gathered there (`whole_model_state`: at EP > 1 each expert-parallel
+rank holds its own experts, ``local_experts.i`` of EP rank r being expert ``r * local + i`` of the whole model). Where
+the math allows it: our engine's update (``engine='nemo_muon'``: the drop-in is the same optimizer); `not_run_reason`
 says why it does not run otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any
 
 CLIP_EPS = 1.0e-6
 """Added to the total norm before the clip coefficient, as Megatron-Core's ``clip_grad_by_total_norm_fp32``."""
 
 
-def not_run_reason(recipe: Any, ep: int) -> str | None:
-    """Why the single-process reference cannot run for ``recipe`` at expert parallelism ``ep``; None when it can."""
+EXPERT_INDEX = re.compile(r"\.local_experts\.(\d+)\.")
+"""Where a parameter name of Megatron's ``SequentialMLP`` holds its local expert index."""
+EP_KEY = re.compile(r"^ep(\d+)/")
+"""The world-wide key of an expert parameter starts with its expert-parallel rank (`run._key`)."""
+
+
+def not_run_reason(recipe: Any) -> str | None:
+    """Why the single-process reference cannot run for ``recipe``; None when it can."""
     engine = getattr(recipe.optimizer, "engine", "nemo_muon")
     if engine != "nemo_muon":
         return f"optimizer.engine={engine!r}: the drop-in is nemo-muon's optimizer, not Megatron-Core's"
-    if ep != 1:
-        return f"ep={ep}: the experts live on {ep} ranks; one process holds them only at ep=1"
     return None
+
+
+def whole_model_name(name: str, ep_rank: int, local_experts: int) -> str:
+    """The name in the EP=1 model of EP rank ``ep_rank``'s parameter or state entry ``name`` (an expert's index is
+    ``ep_rank * local_experts + i``; other names are the same)."""
+    m = EXPERT_INDEX.search(name)
+    if m is None:
+        return name
+    return f"{name[:m.start(1)]}{ep_rank * local_experts + int(m.group(1))}{name[m.end(1):]}"
+
+
+def world_key_to_name(key: str, local_experts: int) -> str:
+    """A world-wide key (``ep<r>/<name>`` for an expert, else the name) -> the name in the EP=1 model."""
+    m = EP_KEY.match(key)
+    return key if m is None else whole_model_name(key[m.end():], int(m.group(1)), local_experts)
+
+
+def whole_model_state(module: Any, ep_rank: int, ep: int, local_experts: int) -> dict[str, Any] | None:
+    """Rank 0: the whole tiny model's state dict (CPU tensors, EP=1 names) from every rank's ``module``; None on the
+    other ranks. Collective over the default group at ``ep`` > 1 (each EP rank contributes its experts)."""
+    import torch.distributed as dist
+
+    state = {whole_model_name(k, ep_rank, local_experts): v.detach().to("cpu", copy=True) if hasattr(v, "detach")
+             else v for k, v in module.state_dict().items()}  # copies: the training steps change the weights next
+    if ep == 1:
+        return state if dist.get_rank() == 0 else None
+    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(state, gathered, dst=0)
+    if gathered is None:
+        return None
+    whole: dict[str, Any] = {}
+    for part in gathered:
+        whole.update(part)
+    return whole
+
+
+@dataclasses.dataclass
+class FirstStep:
+    """What the single-process comparison needs from the distributed runs (world-wide keys, fp32 numpy masters)."""
+
+    state: dict[str, Any] | None
+    """Rank 0: `whole_model_state` of the replicas before any step; None elsewhere."""
+    matrices: set[str]
+    """The world-wide keys of the matrices the matrix optimizer updates."""
+    ours: dict[str, Any]
+    reference: dict[str, Any]
+    initial: dict[str, Any]
+    """Every parameter's master after the first step (ours, the reference path) and before it."""
+    dp_size: int
+    local_experts: int
 
 
 def first_step_gradients(model: Any, dp_size: int, vocab: int) -> dict[str, Any]:
@@ -59,10 +117,11 @@ def clip_coefficient(grads: dict[str, Any], max_norm: float) -> float:
     return min(coefficient, 1.0)
 
 
-def single_process_masters(initial_state: dict[str, Any], recipe: Any, dp_size: int,
-                           matrices: set[str]) -> dict[str, Any]:
-    """Name -> fp32 master (numpy) of each of ``matrices`` after the first step of the single-process reference
-    (module doc), from ``initial_state`` (the replicas' model state dict before any step)."""
+def single_process_masters(initial_state: dict[str, Any], recipe: Any, dp_size: int, matrices: set[str],
+                           device: Any) -> dict[str, Any]:
+    """Name -> fp32 master (numpy) of each of ``matrices`` (EP=1 names) after the first step of the single-process
+    reference (module doc) on ``device``, from ``initial_state`` (the whole model's state dict before any step).
+    Needs Megatron's model-parallel state at expert parallelism 1."""
     import torch
 
     from nemo_muon.megatron.shared.engine import fused_layouts
@@ -72,9 +131,8 @@ def single_process_masters(initial_state: dict[str, Any], recipe: Any, dp_size: 
     from nemo_muon.registry import spec_for
 
     model, config, spec = build_tiny_model(tiny_spec_of_family(recipe.model.family))
-    model.load_state_dict(initial_state)
-    device = next(iter(initial_state.values())).device
     model = model.to(device)
+    model.load_state_dict(initial_state)
     grads = first_step_gradients(model, dp_size, spec.vocab_size)
     factor = clip_coefficient(grads, recipe.trainer.grad_clip)
     params = dict(model.named_parameters())
@@ -90,3 +148,23 @@ def single_process_masters(initial_state: dict[str, Any], recipe: Any, dp_size: 
     del model
     with torch.no_grad():
         return {n: m.detach().cpu().numpy().copy() for n, m in zip(names, masters, strict=True)}
+
+
+def run_first_step(first: FirstStep, recipe: Any, device: Any) -> dict[str, Any]:
+    """World-wide key -> fp32 master (numpy) of each of ``first.matrices`` after the single-process reference's first
+    step, on every rank of the default group: rank 0 computes it inside a model-parallel state of its own at EP=1
+    (module doc) and broadcasts it. Call it outside any other model-parallel state; collective."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    names = {world_key_to_name(k, first.local_experts): k for k in first.matrices}
+    parallel_state.initialize_model_parallel()  # EP=1: the whole tiny model in one process
+    try:
+        holder: list[Any] = [None]
+        if dist.get_rank() == 0:
+            by_name = single_process_masters(first.state, recipe, first.dp_size, set(names), device)
+            holder[0] = {names[n]: m for n, m in by_name.items()}
+        dist.broadcast_object_list(holder, src=0)
+    finally:
+        parallel_state.destroy_model_parallel()
+    return holder[0]
