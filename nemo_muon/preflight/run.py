@@ -387,7 +387,8 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
     first_step = None
     if figures.single_process_not_run is None:
         local_experts = (replicas["reference"].ddp_model.config.num_moe_experts or 0) // request.ep
-        state = whole_model_state(replicas["reference"].ddp_model.module, ep_rank, request.ep, local_experts)
+        state = whole_model_state(replicas["reference"].ddp_model.module, ep_rank, request.ep, local_experts,
+                                  contributes=expert_rank == 0)
         first_step = FirstStep(state, keys, {}, {}, initial, dp_size, local_experts)
     for step in range(request.steps):
         for role, replica in replicas.items():

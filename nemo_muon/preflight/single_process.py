@@ -54,13 +54,16 @@ def world_key_to_name(key: str, local_experts: int) -> str:
     return key if m is None else whole_model_name(key[m.end():], int(m.group(1)), local_experts)
 
 
-def whole_model_state(module: Any, ep_rank: int, ep: int, local_experts: int) -> dict[str, Any] | None:
-    """Rank 0: the whole tiny model's state dict (CPU tensors, EP=1 names) from every rank's ``module``; None on the
-    other ranks. Collective over the default group at ``ep`` > 1 (each EP rank contributes its experts)."""
+def whole_model_state(module: Any, ep_rank: int, ep: int, local_experts: int, contributes: bool) -> dict[str, Any] | None:
+    """Rank 0: the whole tiny model's state dict (CPU copies, EP=1 names) from ``module`` on the ranks that
+    ``contributes`` (one replica per expert-parallel rank: expert data-parallel rank 0); None on the other ranks.
+    Collective over the default group at ``ep`` > 1."""
     import torch.distributed as dist
 
-    state = {whole_model_name(k, ep_rank, local_experts): v.detach().to("cpu", copy=True) if hasattr(v, "detach")
-             else v for k, v in module.state_dict().items()}  # copies: the training steps change the weights next
+    state = None
+    if contributes or (ep == 1 and dist.get_rank() == 0):
+        state = {whole_model_name(k, ep_rank, local_experts): v.detach().to("cpu", copy=True) if hasattr(v, "detach")
+                 else v for k, v in module.state_dict().items()}  # copies: the training steps change the weights
     if ep == 1:
         return state if dist.get_rank() == 0 else None
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -69,7 +72,7 @@ def whole_model_state(module: Any, ep_rank: int, ep: int, local_experts: int) ->
         return None
     whole: dict[str, Any] = {}
     for part in gathered:
-        whole.update(part)
+        whole.update(part or {})
     return whole
 
 
