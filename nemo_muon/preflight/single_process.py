@@ -61,11 +61,11 @@ def whole_model_state(module: Any, ep_rank: int, ep: int, local_experts: int, co
     import torch.distributed as dist
 
     state = None
-    if contributes or (ep == 1 and dist.get_rank() == 0):
+    if contributes:  # copies: the training steps change the weights next
         state = {whole_model_name(k, ep_rank, local_experts): v.detach().to("cpu", copy=True) if hasattr(v, "detach")
-                 else v for k, v in module.state_dict().items()}  # copies: the training steps change the weights
-    if ep == 1:
-        return state if dist.get_rank() == 0 else None
+                 else v for k, v in module.state_dict().items()}
+    if ep == 1:  # rank 0 holds the whole model and is the one contributor
+        return state
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(state, gathered, dst=0)
     if gathered is None:
