@@ -4,8 +4,9 @@ On the ranks of the allocation (torch.distributed's default group initialized by
 CPU), inside Megatron's model-parallel state with the request's expert-parallel size: two replicas of the tiny model
 of the recipe's family from one seed, ours (`preflight_plan`: the recipe's optimizer as the job builds it) and the
 reference (the same optimizer on the least-patched path), trained step by step on the same batches; the masters are
-compared after the first step (with the reference path's and, where the whole model fits one process, with the
-single-process reference's: `nemo_muon.preflight.single_process`), the losses after every step. Ours is saved
+compared after the first step (with the reference path's and, with our engine, with the single-process reference's,
+stepped after the runs on rank 0 in a model-parallel state of its own: `nemo_muon.preflight.single_process`), the
+losses after every step. Ours is saved
 at `PreflightRequest.checkpoint_step` with Megatron's `dist_checkpointing`, a third replica resumed from it and
 trained to the end, and one more step of that replica gets a NaN gradient on the last data-parallel rank. Every rank
 returns the same `Figures`; `nemo_muon.preflight.checks` turns them into verdicts.
