@@ -98,3 +98,9 @@ def test_ours_is_built_by_bridges_setup_where_the_jobs_bridge_builds_it_and_the_
 def test_an_expert_parallel_ranks_experts_take_their_places_in_the_whole_model(key, name):
     """EP rank r's ``local_experts.i`` is expert ``r * local + i`` of the single-process model (4 local experts)."""
     assert world_key_to_name(key, local_experts=4) == name
+
+
+def test_an_expert_named_without_its_local_index_is_refused_not_mapped_onto_another():
+    with pytest.raises(ValueError, match=r"expert parameter 'ep1/module.decoder.layers.1.mlp.experts.weight1' has no "
+                                         r"'.local_experts.<i>.' in its name"):
+        world_key_to_name("ep1/module.decoder.layers.1.mlp.experts.weight1", local_experts=4)

@@ -51,7 +51,12 @@ def whole_model_name(name: str, ep_rank: int, local_experts: int) -> str:
 def world_key_to_name(key: str, local_experts: int) -> str:
     """A world-wide key (``ep<r>/<name>`` for an expert, else the name) -> the name in the EP=1 model."""
     m = EP_KEY.match(key)
-    return key if m is None else whole_model_name(key[m.end():], int(m.group(1)), local_experts)
+    if m is None:
+        return key
+    if EXPERT_INDEX.search(key) is None:  # another expert layout (grouped GEMM weights): the mapping would be wrong
+        raise ValueError(f"expert parameter {key!r} has no '.local_experts.<i>.' in its name: the single-process "
+                         "reference maps Megatron's SequentialMLP experts only (moe_grouped_gemm=False)")
+    return whole_model_name(key[m.end():], int(m.group(1)), local_experts)
 
 
 def whole_model_state(module: Any, ep_rank: int, ep: int, local_experts: int, contributes: bool) -> dict[str, Any] | None:
