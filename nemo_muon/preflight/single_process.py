@@ -25,9 +25,9 @@ CLIP_EPS = 1.0e-6
 """Added to the total norm before the clip coefficient, as Megatron-Core's ``clip_grad_by_total_norm_fp32``."""
 
 
-EXPERT_INDEX = re.compile(r"\.local_experts\.(\d+)\.")
+EXPERT_INDEX = re.compile(r"\.local_experts\.(\d+)\.", re.ASCII)
 """Where a parameter name of Megatron's ``SequentialMLP`` holds its local expert index."""
-EP_KEY = re.compile(r"^ep(\d+)/")
+EP_KEY = re.compile(r"^ep(\d+)/", re.ASCII)
 """The world-wide key of an expert parameter starts with its expert-parallel rank (`run._key`)."""
 
 
