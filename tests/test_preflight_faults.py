@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from nemo_muon.preflight.checks import CHECK_NAMES
 from nemo_muon.preflight.main import FAILED_EXIT
 from nemo_muon.preflight.report import exit_line
 from tests.megatron_cpu.preflight_runs import run_cpu_preflight
@@ -35,9 +36,12 @@ def test_a_planted_fault_fails_the_check_it_breaks(tmp_path, plant, check, recip
 
 def test_expert_gradients_left_unreduced_fail_the_single_process_check_at_expert_parallelism(tmp_path):
     """At EP=2 on 4 ranks (two expert data-parallel replicas of each expert), experts whose gradients are not reduced
-    over expert data parallelism pass every other check (both paths agree, each owner broadcasts its update); the
-    single-process reference, the experts of both EP ranks gathered into one model, fails naming an expert."""
+    over expert data parallelism pass the checks before the single-process one (the owners, the replicas, through each
+    owner's broadcast, and the losses and masters, both paths agreeing); the single-process reference, the experts of
+    both EP ranks gathered into one model, fails naming an expert."""
     result, _ = run_cpu_preflight(tmp_path, "kimi_k2_muon", world_size=4, ep=2, plant="unreduced_expert_gradients")
     assert result["code"] == FAILED_EXIT
+    before = result["checks"][:CHECK_NAMES.index("single_process")]
+    assert [v.split(":")[0] for v in before] == [f"PASS {name}" for name in ("owners", "replicas", "losses", "masters")]
     failure = result["first_failure"]
     assert failure.startswith("FAIL single_process:") and EXPERT in failure, result["checks"]

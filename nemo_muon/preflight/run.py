@@ -385,12 +385,11 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
     initial = _merged(_gather(_owned(replicas["reference"], ep_rank)))
     keys = set().union(*(set().union(*_gather(_matrix_keys(r, ep_rank))) for r in replicas.values()))
     figures.single_process_not_run = not_run_reason(recipe)
+    single_runs = figures.single_process_not_run is None
+    local_experts = (replicas["reference"].ddp_model.config.num_moe_experts or 0) // request.ep
+    state = whole_model_state(replicas["reference"].ddp_model.module, ep_rank, local_experts,
+                              contributes=expert_rank == 0) if single_runs else None
     first_step = None
-    if figures.single_process_not_run is None:
-        local_experts = (replicas["reference"].ddp_model.config.num_moe_experts or 0) // request.ep
-        state = whole_model_state(replicas["reference"].ddp_model.module, ep_rank, request.ep, local_experts,
-                                  contributes=expert_rank == 0)
-        first_step = FirstStep(state, keys, {}, {}, initial, dp_size, local_experts)
     for step in range(request.steps):
         for role, replica in replicas.items():
             loss, seconds, ok = train_step(replica, step, dp_rank, dp_size)
@@ -401,8 +400,9 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
         if step == 0:  # from equal states on the same batch: the two paths' masters are comparable (MASTER_RTOL)
             first = {role: _merged(_gather(_owned(replica, ep_rank))) for role, replica in replicas.items()}
             figures.master_worst = _compare_masters(first["ours"], first["reference"], initial, keys)
-            if first_step is not None:
-                first_step.ours, first_step.reference = first["ours"], first["reference"]
+            if single_runs:
+                first_step = FirstStep(state, keys, first["ours"], first["reference"], initial, dp_size,
+                                       local_experts)
         if step + 1 == request.checkpoint_step:
             ours = replicas["ours"]
             settle(ours.ddp_model)  # as megatron.training syncs the parameters before a save

@@ -59,18 +59,16 @@ def world_key_to_name(key: str, local_experts: int) -> str:
     return whole_model_name(key[m.end():], int(m.group(1)), local_experts)
 
 
-def whole_model_state(module: Any, ep_rank: int, ep: int, local_experts: int, contributes: bool) -> dict[str, Any] | None:
+def whole_model_state(module: Any, ep_rank: int, local_experts: int, contributes: bool) -> dict[str, Any] | None:
     """Rank 0: the whole tiny model's state dict (CPU copies, EP=1 names) from ``module`` on the ranks that
     ``contributes`` (one replica per expert-parallel rank: expert data-parallel rank 0); None on the other ranks.
-    Collective over the default group at ``ep`` > 1."""
+    Collective over the default group."""
     import torch.distributed as dist
 
     state = None
     if contributes:  # copies: the training steps change the weights next
         state = {whole_model_name(k, ep_rank, local_experts): v.detach().to("cpu", copy=True) if hasattr(v, "detach")
                  else v for k, v in module.state_dict().items()}
-    if ep == 1:  # rank 0 holds the whole model and is the one contributor
-        return state
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(state, gathered, dst=0)
     if gathered is None:

@@ -96,15 +96,16 @@ def _plant_unreduced_gradients(out_dir, moment, role, replica):
 def _plant_unreduced_expert_gradients(out_dir, moment, role, replica):
     """On both paths, the experts' gradients are not reduced over expert data parallelism (the dense ones are): each
     expert's owner updates with the tokens its own expert-parallel group routed (the paths agree, the replicas stay
-    identical through the owner's broadcast; only the single-process reference, every EP rank's experts gathered,
-    shows it)."""
+    identical through the owner's broadcast; of the checks before the resume, only the single-process reference,
+    every EP rank's experts gathered, shows it)."""
     if moment == "built":
         for bucket_group in replica.ddp_model.expert_parallel_bucket_groups:
             bucket_group.finish_grad_sync = lambda *args, **kwargs: None
 
 
 PLANTS = {"unreduced_gradients": _plant_unreduced_gradients,
-          "unreduced_expert_gradients": _plant_unreduced_expert_gradients, "wrong_owner": _plant_wrong_owner, "unplanned_owner": _plant_unplanned_owner, "skipped_gather": _plant_skipped_gather,
+          "unreduced_expert_gradients": _plant_unreduced_expert_gradients, "wrong_owner": _plant_wrong_owner,
+          "unplanned_owner": _plant_unplanned_owner, "skipped_gather": _plant_skipped_gather,
           "corrupted_shard": _plant_corrupted_shard}
 
 
