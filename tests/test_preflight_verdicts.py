@@ -1,6 +1,7 @@
-"""The preflight's verdicts from its figures (no ranks): the single-process check passes, fails or says why it did not
-run, the report and the exit line say the same; the single-process reference's clip coefficient is the trainer's,
-and an expert-parallel rank's experts take their places in its whole model."""
+"""The preflight's verdicts from its figures (no ranks): the single-process and the resharded-resume checks pass, fail
+or say why they did not run, the report and the exit line say the same; the single-process reference's clip
+coefficient is the trainer's, an expert-parallel rank's experts take their places in its whole model, and the resume
+at another expert-parallel size picks one the ranks and the experts host."""
 
 from __future__ import annotations
 
@@ -13,16 +14,20 @@ import torch
 from nemo_muon.preflight.checks import CHECK_NAMES, evaluate, first_failure
 from nemo_muon.preflight.report import document, exit_line, markdown
 from nemo_muon.preflight.request import MASTER_RTOL, PreflightRequest
+from nemo_muon.preflight.reshard import Resharded, other_ep
 from nemo_muon.preflight.run import Figures, _against_single
 from nemo_muon.preflight.single_process import CLIP_EPS, clip_coefficient, not_run_reason, world_key_to_name
 
 REQUEST = PreflightRequest(recipe="kimi_k2_muon", world_size=2, steps=6)
+AT_EP2 = PreflightRequest(recipe="kimi_k2_muon", world_size=4, ep=2, steps=6)
+EP1_REASON = other_ep(1, 2, 8)[1]
 
 
 def _figures(single: tuple[str, float] | None, not_run: str | None = None) -> Figures:
     return Figures(paths={"ours": "o", "reference": "r"}, losses={"ours": [2.0, 1.0] * 3, "reference": [2.0, 1.0] * 3},
                    step_s={"ours": [1.0] * 6, "reference": [1.0] * 6}, skipped={"ours": [], "reference": []},
                    master_worst=("w", 0.0), single_process=single, single_process_not_run=not_run,
+                   reshard_not_run=EP1_REASON,
                    nonfinite={"policy": "raise", "ranks": [{"outcome": "raised"}] * 2}, devices=["cpu", "cpu"])
 
 
@@ -56,7 +61,40 @@ def test_a_single_process_reference_that_could_not_run_says_why_and_does_not_fai
     assert not check.ran and check.passed and check.verdict().startswith(f"NOT RUN single_process: {reason}")
     doc = document(REQUEST, _figures(None, reason), checks, {"torch": torch.__version__})
     assert doc["passed"] and f"| single_process | not run | {reason} |" in markdown(doc)
-    assert exit_line(doc) == f"preflight passed: {len(CHECK_NAMES) - 1} checks of kimi_k2_muon (not run: single_process)"
+    assert exit_line(doc) == (f"preflight passed: {len(CHECK_NAMES) - 2} checks of kimi_k2_muon (not run: "
+                              "single_process, reshard)")
+
+
+@pytest.mark.parametrize(("world_size", "ep", "experts", "expected"), [
+    (4, 2, 8, 4), (8, 4, 8, 8), (4, 4, 8, 2), (8, 8, 8, 4), (16, 8, 16, 16), (6, 3, 6, 6), (6, 2, 8, None),
+    (2, 1, 8, None), (4, 1, 8, None),
+])
+def test_the_resharded_resume_loads_at_twice_or_half_the_expert_parallel_size_above_one(world_size, ep, experts,
+                                                                                        expected):
+    chosen, reason = other_ep(ep, world_size, experts)
+    assert chosen == expected and (reason is None) == (expected is not None)
+    if ep == 1:
+        assert reason.startswith("ep=1: Megatron's optimizer keeps the experts in the dense parameters' groups")
+    elif expected is None:
+        assert reason == f"world_size={world_size} with the tiny model's {experts} experts hosts no expert-parallel " \
+                         f"size above 1 but ep={ep}"
+
+
+@pytest.mark.parametrize(("outcome", "passed"), [
+    (Resharded([], 0.0, ("m", 0.0)), True), (Resharded([], 1e-2, ("m", MASTER_RTOL)), True),
+    (Resharded(["step 4 at EP=4: m's master is 0.6 x the step's movement"], 0.0, ("m", 0.6)), False),
+    (Resharded(["the checkpoint saved at EP=2 does not load at EP=4: ValueError: x"]), False),
+])
+def test_the_reshard_check_names_both_layouts_and_passes_only_without_problems(outcome, passed):
+    figures = _figures(("m", 0.0))
+    figures.reshard, figures.resharded, figures.reshard_not_run = (2, 4), outcome, None
+    check = evaluate(figures, AT_EP2)[CHECK_NAMES.index("reshard")]
+    assert check.ran and check.passed is passed
+    assert check.figure.startswith("saved at EP=2 (expert DP 2), resumed at EP=4 (expert DP 1): ")
+    if passed:
+        assert check.figure.endswith(f"masters largest {outcome.master_worst[1]:.3g} (m)")
+    else:
+        assert check.figure.endswith(outcome.problems[0]) and first_failure(evaluate(figures, AT_EP2)) == check
 
 
 def test_a_matrix_no_rank_of_ours_updates_is_infinitely_far_from_the_single_process_reference():

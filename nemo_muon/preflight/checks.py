@@ -1,9 +1,10 @@
 """The verdicts of a preflight: each check with its tolerance, the figure the runs showed, and one line.
 
 The order is the order a user should read a failure in: who updates each parameter, whether replicas agree, then the
-numbers (losses, masters against the reference path, then against the single-process reference), the checkpoint,
-the non-finite policy, and the optimizer step's time last. A check that cannot run for the request (the
-single-process reference of Megatron's own engine) says so and why (``ran=False``); it does not fail the preflight.
+numbers (losses, masters against the reference path, then against the single-process reference), the checkpoint
+(resumed as saved, then at another expert-parallel size), the non-finite policy, and the optimizer step's time last.
+A check that cannot run for the request (the single-process reference of Megatron's own engine, the resharded resume
+on one rank) says so and why (``ran=False``); it does not fail the preflight.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 from nemo_muon.preflight.request import WARMUP_STEPS, PreflightRequest
 
-CHECK_NAMES = ("owners", "replicas", "losses", "masters", "single_process", "resume", "nonfinite", "step_time")
+CHECK_NAMES = ("owners", "replicas", "losses", "masters", "single_process", "resume", "reshard", "nonfinite",
+               "step_time")
 """Every check, in the order they are reported (module doc)."""
 
 
@@ -86,6 +88,24 @@ def _single_process_check(figures: Any, rtol: float) -> Check:
     return Check("single_process", tolerance, figure, worst <= rtol)
 
 
+def _reshard_check(figures: Any, request: PreflightRequest) -> Check:
+    tolerance = (f"saved at one expert-parallel size, loaded at another (the experts' data-parallel size changes): "
+                 f"weights and masters bit for bit at the load; the next step's loss <= {request.loss_rtol:g} "
+                 f"relative, per matrix max |resharded - uninterrupted| <= {request.master_rtol:g} x the step's "
+                 "movement, replicas bit-identical")
+    if figures.reshard is None or figures.resharded is None:
+        return Check("reshard", tolerance, str(figures.reshard_not_run), True, ran=False)
+    (saved_ep, loaded_ep), ranks, outcome = figures.reshard, request.world_size, figures.resharded
+    where = f"saved at EP={saved_ep} (expert DP {ranks // saved_ep}), resumed at EP={loaded_ep} (expert DP " \
+            f"{ranks // loaded_ep})"
+    if outcome.problems:
+        return Check("reshard", tolerance, f"{where}: {_first(outcome.problems, None, '')}", False)
+    key, worst = outcome.master_worst or ("", math.inf)
+    figure = (f"{where}: loaded bit for bit; the next step's loss {outcome.loss_diff:.3g} relative, masters "
+              f"largest {worst:.3g} ({key})")
+    return Check("reshard", tolerance, figure, True)
+
+
 def _last(figures: Any) -> str:
     if figures.master_worst_last is None:
         return ""
@@ -118,7 +138,7 @@ def evaluate(figures: Any, request: PreflightRequest) -> list[Check]:
     step_time = Check("step_time", f"median optimizer step, ours / reference <= {request.step_time_ratio:g}",
                       f"{ratio:.2f}x (medians of steps after the first {WARMUP_STEPS})", ratio <= request.step_time_ratio)
     return [owners, replicas, _loss_check(figures, request.loss_rtol), masters,
-            _single_process_check(figures, request.master_rtol), resume,
+            _single_process_check(figures, request.master_rtol), resume, _reshard_check(figures, request),
             _nonfinite_check(figures.nonfinite), step_time]
 
 

@@ -38,6 +38,9 @@ def document(request: PreflightRequest, figures: Any, checks: list[Check], versi
                     "masters_first_step": figures.master_worst, "masters_last_step": figures.master_worst_last,
                     "single_process_first_step": figures.single_process,
                     "single_process_first_step_reference": figures.single_process_reference,
+                    "reshard_expert_parallel": figures.reshard,
+                    "reshard_next_step": None if figures.resharded is None else
+                    {"loss_relative": figures.resharded.loss_diff, "masters": figures.resharded.master_worst},
                     "parameters": figures.matrices},
     }
 

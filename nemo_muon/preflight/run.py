@@ -8,11 +8,14 @@ compared after the first step (with the reference path's and, with our engine, w
 stepped after the runs on rank 0 in a model-parallel state of its own: `nemo_muon.preflight.single_process`), the
 losses after every step. Ours is saved
 at `PreflightRequest.checkpoint_step` with Megatron's `dist_checkpointing`, a third replica resumed from it and
-trained to the end, and one more step of that replica gets a NaN gradient on the last data-parallel rank. Every rank
+trained to the end, and one more step of that replica gets a NaN gradient on the last data-parallel rank; at
+expert parallelism > 1 a fourth loads the checkpoint at another expert-parallel size, after the runs, in a
+model-parallel state of its own (`nemo_muon.preflight.reshard`). Every rank
 returns the same `Figures`; `nemo_muon.preflight.checks` turns them into verdicts.
 
 ``plant`` (tests): ``plant(moment, role, replica)`` is called on every rank at ``"built"`` (after a replica's
-optimizer is built) and ``"saved"`` / ``"resumed"`` (after the save, after the resume); a planted fault (a wrong
+optimizer is built), ``"saved"`` / ``"resumed"`` (after the save, after the resume) and ``"resharded"`` (after
+the load at another expert-parallel size); a planted fault (a wrong
 owner, a skipped gather after resume, a corrupted shard) must make the check it breaks fail.
 """
 
@@ -20,33 +23,28 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nemo_muon.preflight.replica import Replica, build_replica, rank_device, train_step
 from nemo_muon.preflight.request import WARMUP_STEPS, PreflightRequest, preflight_plan
+from nemo_muon.preflight.world import (
+    gather,
+    load_error,
+    master_worst,
+    matrix_keys,
+    merged,
+    owned_masters,
+    replica_problems,
+    weight_digests,
+    world_key,
+)
 
 if TYPE_CHECKING:
+    from nemo_muon.preflight.reshard import Resharded, SavedRun
     from nemo_muon.preflight.single_process import FirstStep
 
-Plant = Callable[[str, str, "Replica"], None]
-
-
-@dataclasses.dataclass
-class Replica:
-    """One replica: the DDP-wrapped tiny model, the Megatron optimizer built for it, and what they are."""
-
-    role: str
-    opt: Any
-    layout: str
-    ddp_model: Any
-    optimizer: Any
-    vocab: int
-
-    @property
-    def names(self) -> dict[int, str]:
-        """id(param) -> parameter name."""
-        return {id(p): n for n, p in self.ddp_model.module.named_parameters()}
+Plant = Callable[[str, str, Replica], None]
 
 
 @dataclasses.dataclass
@@ -75,6 +73,13 @@ class Figures:
     """Path -> the `PLAN_KINDS` key of the plan its owners were also compared with (`plan_problems`)."""
     replica_problems: list[str] = dataclasses.field(default_factory=list)
     resume_problems: list[str] = dataclasses.field(default_factory=list)
+    reshard: tuple[int, int] | None = None
+    """(the expert-parallel size saved at, the one resumed at) of the resharded resume
+    (`nemo_muon.preflight.reshard`); None where it did not run."""
+    reshard_not_run: str | None = None
+    """Why the resharded resume did not run (`reshard.other_ep`)."""
+    resharded: Resharded | None = None
+    """What the resharded resume showed, where it ran."""
     nonfinite: dict[str, Any] = dataclasses.field(default_factory=dict)
     matrices: int = 0
     devices: list[str] = dataclasses.field(default_factory=list)
@@ -83,130 +88,6 @@ class Figures:
         """Median optimizer-step time after `WARMUP_STEPS`, ours over the reference's (slowest rank per step)."""
         ours, ref = (statistics.median(self.step_s[r][WARMUP_STEPS:]) for r in ("ours", "reference"))
         return ours / ref if ref > 0 else float("inf")
-
-
-def _device() -> Any:
-    import torch
-
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def build_replica(role: str, opt: Any, layout: str, recipe: Any, ep: int, setup: str = "megatron-core",
-                  steps: int = 1) -> Replica:
-    """A replica from the fixed seed on this rank's device, its DDP wrap and the optimizer of ``opt``: by nemo-muon's
-    builder on Megatron-Core, or (``setup='bridge'``, ``opt`` the recipe's) by Megatron-Bridge's own setup
-    (`nemo_muon.preflight.bridge_setup`, a constant learning rate over ``steps``)."""
-    import torch
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    from nemo_muon.megatron.shared.build import build_megatron_optimizer, mpu_process_groups
-    from nemo_muon.preflight.batches import SEED
-    from nemo_muon.preflight.tiny_model import build_tiny_model, tiny_spec_of_family
-    from nemo_muon.preflight.wiring import has_layouts, wrap_in_ddp
-
-    model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
-    torch.manual_seed(SEED)
-    bridge = setup == "bridge"
-    model, config, spec = build_tiny_model(tiny_spec_of_family(recipe.model.family), ep=ep,
-                                           mixed_precision_wrap=not bridge)
-    model = model.to(_device())
-    pgs = mpu_process_groups()
-    if bridge:
-        from nemo_muon.preflight.bridge_setup import build_through_bridge
-
-        ddp_model, optimizer = build_through_bridge(recipe, model, pgs, steps)
-        config.finalize_model_grads_func = finalize_model_grads
-        config.no_sync_func = ddp_model.no_sync
-        return Replica(role, opt, layout, ddp_model, optimizer, spec.vocab_size)
-    ddp_model = wrap_in_ddp(model, config, opt, True, pgs, layout=layout)
-    if getattr(opt, "engine", None) == "nemo_muon" and has_layouts():  # on >= 0.18 DDP's wiring decides
-        wired = "reduce_scatter" if ddp_model.ddp_config.use_distributed_optimizer else "all_reduce"
-        opt = dataclasses.replace(opt, collectives=wired)
-    ddp_model.broadcast_params()
-    config.finalize_model_grads_func = finalize_model_grads
-    config.no_sync_func = ddp_model.no_sync
-    optimizer, _ = build_megatron_optimizer(opt, [ddp_model], grad_clip=recipe.trainer.grad_clip, pg_collection=pgs)
-    return Replica(role, opt, layout, ddp_model, optimizer, spec.vocab_size)
-
-
-def train_step(replica: Replica, step: int, dp_rank: int, dp_size: int) -> tuple[float, float, bool]:
-    """(loss averaged over the data-parallel ranks, optimizer-step seconds of the slowest rank, applied) of one step."""
-    import torch
-    import torch.distributed as dist
-
-    from nemo_muon.preflight.batches import forward_backward
-
-    loss = forward_backward(replica.ddp_model, replica.optimizer, step, dp_rank, replica.vocab)
-    _sync()
-    start = time.perf_counter()
-    ok, _, _ = replica.optimizer.step()
-    _sync()
-    elapsed = time.perf_counter() - start
-    figures = torch.tensor([float(loss), elapsed], dtype=torch.float64, device=_device())
-    peak = figures[1:].clone()
-    dist.all_reduce(figures[:1])
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    return float(figures[0]) / dp_size, float(peak[0]), bool(ok)
-
-
-def _key(param: Any, name: str, ep_rank: int) -> str:
-    """A parameter's name across the world: an expert's is per expert-parallel rank (each holds other experts)."""
-    return f"ep{ep_rank}/{name}" if getattr(param, "allreduce", True) is False else name
-
-
-def _owned(replica: Replica, ep_rank: int) -> dict[str, Any]:
-    """World-wide key -> fp32 master (numpy) of every parameter this rank's optimizer updates."""
-    from nemo_muon.preflight.state import masters
-
-    params = dict(replica.ddp_model.module.named_parameters())
-    return {_key(params[n], n, ep_rank): m for n, m in masters(replica.optimizer, replica.names).items()}
-
-
-def _matrix_keys(replica: Replica, ep_rank: int) -> set[str]:
-    """World-wide keys of the matrices this rank's layer-wise matrix optimizer updates (the owners the plan decides;
-    the rest is Megatron's distributed Adam, sharded by Megatron)."""
-    from nemo_muon.preflight.state import matrix_masters
-
-    params = dict(replica.ddp_model.module.named_parameters())
-    return {_key(params[n], n, ep_rank) for n in matrix_masters(replica.optimizer, replica.names)}
-
-
-def _gather(obj: Any) -> list[Any]:
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _weight_digests(replica: Replica, ep_rank: int) -> dict[str, str]:
-    """Key -> SHA-256 of the bf16 weight this rank's model holds (after the gathers a step left to the forward)."""
-    import hashlib
-
-    from nemo_muon.preflight.state import bits, settle
-
-    settle(replica.ddp_model)
-    return {_key(p, n, ep_rank): hashlib.sha256(bits(p.detach().cpu()).numpy().tobytes()).hexdigest()
-            for n, p in replica.ddp_model.module.named_parameters()}
-
-
-def replica_problems(role: str, replica: Replica, ep_rank: int) -> list[str]:
-    """Parameters whose weights differ between ranks that should hold the same copy, named (collective)."""
-    by_rank = _gather(_weight_digests(replica, ep_rank))
-    problems = []
-    for key in sorted(set().union(*by_rank)):
-        holders = {d[key] for d in by_rank if key in d}
-        if len(holders) > 1:
-            problems.append(f"{role}: {key} differs between data-parallel replicas ({len(holders)} versions)")
-    return problems
 
 
 def owner_problems(role: str, owned_by_rank: list[dict[str, Any]], keys: set[str], splits_allowed: bool) -> list[str]:
@@ -251,7 +132,7 @@ def _planned(replica: Replica, ep_rank: int, dense_rank: int, expert_rank: int) 
     names = replica.names
 
     def key(param: Any) -> str:
-        return _key(param, names[id(param)], ep_rank)
+        return world_key(param, names[id(param)], ep_rank)
 
     def domain_rank(param: Any) -> int:
         return expert_rank if getattr(param, "allreduce", True) is False else dense_rank
@@ -279,7 +160,7 @@ def plan_problems(role: str, replica: Replica, ep_rank: int, dense_rank: int, ex
     if kind is None:
         return []
     planned, split = _planned(replica, ep_rank, dense_rank, expert_rank)
-    by_rank = _gather((planned, sorted(_matrix_keys(replica, ep_rank)), split))
+    by_rank = gather((planned, sorted(matrix_keys(replica, ep_rank)), split))
     plan = PLAN_KINDS[kind]
     problems = []
     for rank, (planned_keys, updated, split_keys) in enumerate(by_rank):
@@ -288,20 +169,6 @@ def plan_problems(role: str, replica: Replica, ep_rank: int, dense_rank: int, ex
         problems += [f"{role}: rank {rank} updates {k}, which {plan} gives another rank"
                      for k in sorted(set(updated) - set(planned_keys) - set(split_keys))]
     return problems
-
-
-def master_worst(ours: dict[str, Any], ref: dict[str, Any], initial: dict[str, Any]) -> tuple[str, float]:
-    """(key, max |ours - reference| / max |reference - initial|) of the parameter farthest from the reference."""
-    import numpy as np
-
-    worst = ("", 0.0)
-    for key, theirs in ref.items():
-        moved = float(np.abs(theirs - initial[key]).max())
-        diff = float(np.abs(ours[key] - theirs).max())
-        figure = diff / moved if moved > 0 else (0.0 if diff == 0 else float("inf"))
-        if figure > worst[1] or not worst[0]:
-            worst = (key, figure)
-    return worst
 
 
 def _compare_masters(ours: dict[str, Any], ref: dict[str, Any], initial: dict[str, Any],
@@ -323,19 +190,14 @@ def _against_single(ours: dict[str, Any], single: dict[str, Any], initial: dict[
     return master_worst({k: ours[k] for k in single}, single, initial)
 
 
-def _merged(owned_by_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for owned in owned_by_rank:
-        out.update(owned)
-    return out
-
-
 def run_preflight(request: PreflightRequest, checkpoint_dir: str, plant: Plant | None = None) -> Figures:
     """Run the preflight of ``request`` on every rank of the default group (see the module doc); collective."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     from nemo_muon.preflight.bridge_setup import bridge_setup_applies
+    from nemo_muon.preflight.request import tiny_experts
+    from nemo_muon.preflight.reshard import other_ep, run_resharded
     from nemo_muon.preflight.single_process import run_first_step
     from nemo_muon.preflight.wiring import has_layouts
 
@@ -344,25 +206,34 @@ def run_preflight(request: PreflightRequest, checkpoint_dir: str, plant: Plant |
     world = dist.get_world_size()
     if world != request.world_size:
         raise ValueError(f"preflight.world_size is {request.world_size} but {world} ranks joined")
+    reshard_ep, reshard_not_run = other_ep(request.ep, request.world_size, tiny_experts(recipe))
     parallel_state.initialize_model_parallel(expert_model_parallel_size=request.ep)
     try:
-        figures, first = _run(request, recipe, paths, checkpoint_dir, plant or (lambda *_: None), parallel_state)
+        figures, first, saved = _run(request, recipe, paths, checkpoint_dir, plant or (lambda *_: None),
+                                     parallel_state, reshard_ep is not None)
     finally:
         parallel_state.destroy_model_parallel()
+    figures.reshard_not_run = reshard_not_run
+    if saved is not None:  # the resharded resume, in its own model-parallel state at another EP
+        figures.reshard = (request.ep, reshard_ep)
+        figures.resharded = run_resharded(request, recipe, paths[0], reshard_ep, checkpoint_dir, saved,
+                                                 plant or (lambda *_: None))
     if first is not None:  # the single-process reference, in its own model-parallel state at EP=1
-        single = run_first_step(first, recipe, _device())
+        single = run_first_step(first, recipe, rank_device())
         figures.single_process = _against_single(first.ours, single, first.initial)
         figures.single_process_reference = _against_single(first.reference, single, first.initial)
     return figures
 
 
 def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str, plant: Plant,
-         parallel_state: Any) -> tuple[Figures, FirstStep | None]:
-    """The runs and their figures, and what the single-process comparison needs (None where it does not run)."""
+         parallel_state: Any, reshards: bool) -> tuple[Figures, FirstStep | None, SavedRun | None]:
+    """The runs and their figures, what the single-process comparison needs and what the resharded resume compares
+    with (``reshards``; each None where it does not run)."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
-    from nemo_muon.preflight.single_process import FirstStep, not_run_reason, whole_model_state
+    from nemo_muon.preflight.reshard import SavedRun, gathered_by_name
+    from nemo_muon.preflight.single_process import FirstStep, not_run_reason, whole_model_state, world_key_to_name
     from nemo_muon.preflight.state import checkpoint_state, integrity_check, settle
 
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
@@ -374,7 +245,7 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
         plant("built", path.role, replicas[path.role])
     figures = Figures(paths={r.role: p.describe() for r, p in zip(replicas.values(), paths, strict=True)},
                       losses={r: [] for r in replicas}, step_s={r: [] for r in replicas},
-                      skipped={r: [] for r in replicas}, devices=_gather(str(_device())))
+                      skipped={r: [] for r in replicas}, devices=gather(str(rank_device())))
     dense_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
     expert_rank = parallel_state.get_expert_data_parallel_rank()
     for role, replica in replicas.items():
@@ -382,14 +253,14 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
         kind = plan_kind(replica)
         if kind is not None:
             figures.planned[role] = kind
-    initial = _merged(_gather(_owned(replicas["reference"], ep_rank)))
-    keys = set().union(*(set().union(*_gather(_matrix_keys(r, ep_rank))) for r in replicas.values()))
+    initial = merged(gather(owned_masters(replicas["reference"], ep_rank)))
+    keys = set().union(*(set().union(*gather(matrix_keys(r, ep_rank))) for r in replicas.values()))
     figures.single_process_not_run = not_run_reason(recipe)
     single_runs = figures.single_process_not_run is None
     local_experts = (replicas["reference"].ddp_model.config.num_moe_experts or 0) // request.ep
     state = whole_model_state(replicas["reference"].ddp_model.module, ep_rank, local_experts,
                               contributes=expert_rank == 0) if single_runs else None
-    first_step = None
+    first_step = saved = None
     for step in range(request.steps):
         for role, replica in replicas.items():
             loss, seconds, ok = train_step(replica, step, dp_rank, dp_size)
@@ -398,7 +269,7 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
             if not ok:
                 figures.skipped[role].append(step)
         if step == 0:  # from equal states on the same batch: the two paths' masters are comparable (MASTER_RTOL)
-            first = {role: _merged(_gather(_owned(replica, ep_rank))) for role, replica in replicas.items()}
+            first = {role: merged(gather(owned_masters(replica, ep_rank))) for role, replica in replicas.items()}
             figures.master_worst = _compare_masters(first["ours"], first["reference"], initial, keys)
             if single_runs:
                 first_step = FirstStep(state, keys, first["ours"], first["reference"], initial, dp_size,
@@ -409,20 +280,28 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
             dist_checkpointing.save(checkpoint_state(ours.ddp_model, ours.optimizer, loading=False), checkpoint_dir,
                                     **integrity_check())
             dist.barrier()
+            if reshards:  # what the resharded resume must find after its load (EP=1 names)
+                saved = SavedRun(gathered_by_name(weight_digests(ours, ep_rank), local_experts),
+                                 gathered_by_name(owned_masters(ours, ep_rank), local_experts),
+                                 {}, float("nan"), {world_key_to_name(k, local_experts) for k in keys})
             plant("saved", "ours", ours)
-    owned = {role: _gather(_owned(replica, ep_rank)) for role, replica in replicas.items()}
+        if saved is not None and step == request.checkpoint_step:  # the step after the save
+            ours = replicas["ours"]
+            saved.next_masters = gathered_by_name(owned_masters(ours, ep_rank), local_experts)
+            saved.next_loss = figures.losses["ours"][step]
+    owned = {role: gather(owned_masters(replica, ep_rank)) for role, replica in replicas.items()}
     for role, replica in replicas.items():
         split = getattr(replica.opt, "ns_split_target", None) is not None
         figures.owner_problems += owner_problems(role, owned[role], keys, split)
         figures.replica_problems += replica_problems(role, replica, ep_rank)
-    ours_masters = _merged(owned["ours"])
-    figures.master_worst_last = _compare_masters(ours_masters, _merged(owned["reference"]), initial, keys)
+    ours_masters = merged(owned["ours"])
+    figures.master_worst_last = _compare_masters(ours_masters, merged(owned["reference"]), initial, keys)
     figures.matrices = len(keys)
     resumed = _resume(request, recipe, paths[0], checkpoint_dir, plant, dp_rank, dp_size, ep_rank, figures,
                       ours_masters)
     figures.nonfinite = nonfinite_step(resumed, request.steps, dp_rank, dp_size,
                                        getattr(resumed.opt, "nonfinite", "raise"))
-    return figures, first_step
+    return figures, first_step, saved
 
 
 def _resume(request: PreflightRequest, recipe: Any, path: Any, checkpoint_dir: str, plant: Plant, dp_rank: int,
@@ -431,20 +310,14 @@ def _resume(request: PreflightRequest, recipe: Any, path: Any, checkpoint_dir: s
     ours' bit for bit, its replicas agree; problems go to ``figures.resume_problems``."""
     import numpy as np
     import torch.distributed as dist
-    from torch.distributed.checkpoint.api import CheckpointException
 
     from nemo_muon.preflight.state import resume_from
 
     resumed = build_replica("resumed", path.opt, path.layout, recipe, request.ep, path.setup, request.steps + 1)
-    error = None
-    try:
-        resume_from(resumed.ddp_model, resumed.optimizer, checkpoint_dir)
-    except (Exception, CheckpointException) as exc:  # whatever Megatron raises is the verdict
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{_where(exc)}"[:300]
-    errors = [e for e in _gather(error) if e]
-    if errors:
+    error = load_error(lambda: resume_from(resumed.ddp_model, resumed.optimizer, checkpoint_dir))
+    if error is not None:
         figures.resume_problems.append(f"the checkpoint saved after step {request.checkpoint_step} does not load: "
-                                       f"{errors[0]}")
+                                       f"{error}")
         return build_replica("resumed", path.opt, path.layout, recipe, request.ep, path.setup, request.steps + 1)
     plant("resumed", "ours", resumed)
     for step in range(request.checkpoint_step, request.steps):
@@ -453,7 +326,7 @@ def _resume(request: PreflightRequest, recipe: Any, path: Any, checkpoint_dir: s
             figures.resume_problems.append(f"step {step + 1} after resume: loss {loss!r} where the uninterrupted run "
                                            f"had {figures.losses['ours'][step]!r}")
             break
-    masters = _merged(_gather(_owned(resumed, ep_rank)))
+    masters = merged(gather(owned_masters(resumed, ep_rank)))
     differ = sorted(k for k in ours_masters if k not in masters or not np.array_equal(masters[k], ours_masters[k]))
     if differ:
         figures.resume_problems.append(f"{len(differ)} masters differ from the uninterrupted run after "
@@ -461,17 +334,6 @@ def _resume(request: PreflightRequest, recipe: Any, path: Any, checkpoint_dir: s
     figures.resume_problems += replica_problems("resumed", resumed, ep_rank)
     dist.barrier()
     return resumed
-
-
-def _where(exc: BaseException) -> str:
-    """`` (at <file>:<line> in <function>)`` of the innermost frame that raised ``exc``."""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f" (at {'/'.join(last.filename.split('/')[-3:])}:{last.lineno} in {last.name})"
 
 
 def nonfinite_step(replica: Replica, step: int, dp_rank: int, dp_size: int, policy: str) -> dict[str, Any]:
@@ -500,4 +362,4 @@ def nonfinite_step(replica: Replica, step: int, dp_rank: int, dp_size: int, poli
         outcome = {"outcome": "applied" if ok else "skipped", "untouched": untouched}
     except FloatingPointError as exc:
         outcome = {"outcome": "raised", "untouched": None, "error": str(exc)[:200]}
-    return {"policy": policy, "ranks": _gather(outcome)}
+    return {"policy": policy, "ranks": gather(outcome)}

@@ -28,7 +28,7 @@ CLIP_EPS = 1.0e-6
 EXPERT_INDEX = re.compile(r"\.local_experts\.(\d+)\.", re.ASCII)
 """Where a parameter name of Megatron's ``SequentialMLP`` holds its local expert index."""
 EP_KEY = re.compile(r"^ep(\d+)/", re.ASCII)
-"""The world-wide key of an expert parameter starts with its expert-parallel rank (`run._key`)."""
+"""The world-wide key of an expert parameter starts with its expert-parallel rank (`nemo_muon.preflight.world.world_key`)."""
 
 
 def not_run_reason(recipe: Any) -> str | None:

@@ -103,10 +103,27 @@ def _plant_unreduced_expert_gradients(out_dir, moment, role, replica):
             bucket_group.finish_grad_sync = lambda *args, **kwargs: None
 
 
+def _plant_misplaced_experts(out_dir, moment, role, replica):
+    """After the load at another expert-parallel size, each rank's first two local experts trade weights (an expert
+    offset computed for the old layout: every weight loaded, some under another expert's index)."""
+    import torch
+
+    if moment != "resharded":
+        return
+    params = dict(replica.ddp_model.module.named_parameters())
+    first = next(n for n in sorted(params) if ".local_experts.0." in n)
+    second = first.replace(".local_experts.0.", ".local_experts.1.")
+    with torch.no_grad():
+        held = params[first].detach().clone()
+        params[first].copy_(params[second])
+        params[second].copy_(held)
+
+
 PLANTS = {"unreduced_gradients": _plant_unreduced_gradients,
           "unreduced_expert_gradients": _plant_unreduced_expert_gradients, "wrong_owner": _plant_wrong_owner,
           "unplanned_owner": _plant_unplanned_owner, "skipped_gather": _plant_skipped_gather,
-          "corrupted_shard": _plant_corrupted_shard}
+          "corrupted_shard": _plant_corrupted_shard,
+          "misplaced_experts": _plant_misplaced_experts}
 
 
 def preflight_rank(rank, world_size, group, request, plant):

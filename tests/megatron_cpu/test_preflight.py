@@ -49,6 +49,9 @@ def test_the_recipes_path_passes_every_check_and_writes_its_report(tmp_path, rec
     assert "PASSED" in (out / "preflight.md").read_text()
     single = next(c for c in doc["checks"] if c["name"] == "single_process")
     assert single["ran"], single  # the whole model in one process, the experts of every EP rank gathered
+    reshard = next(c for c in doc["checks"] if c["name"] == "reshard")
+    assert reshard["ran"] is (ep > 1), reshard  # at EP=1 no checkpoint loads at EP > 1 (Megatron's groups differ)
+    assert doc["figures"]["reshard_expert_parallel"] == ([ep, 2 * ep] if ep > 1 else None)
     assert not list(out.glob("checkpoint-*")), "the preflight's checkpoint is removed"
     assert ("setup=bridge" in doc["paths"]["ours"]) == BRIDGE_SETUP
     assert "setup=megatron-core" in doc["paths"]["reference"]
