@@ -22,8 +22,7 @@ NEWEST_TESTS := tests/newest_stack
 # tests/megatron_cpu states 0.16's or 0.18+'s ownership and manifest behaviour, and runs in .venv and .venv-ngc; of
 # test_cost_layout.py the two split tests of chunked stages and expert parallelism run in .venv only: the same planning
 # code on 0.18 and 0.19). Of test_preflight.py the releases run the reduce-scatter path through Bridge's setup at EP=2
-# on 4 ranks (its 2-rank path runs on .venv-ngc and .venv); .venv runs the whole file and .venv-ngc all but Qwen3 and
-# the split at DP=4 (whose 0.16 / 0.17 expected failure is the CPU harness's torch Adam, traced in docs/operators.md),
+# on 4 ranks (its 2-rank path runs on .venv-ngc and .venv); .venv runs the whole file and .venv-ngc all but Qwen3,
 # and .venv's Megatron-Core 0.19.2 is 26.08's (CI time).
 MID_RELEASES := 26.04 26.06
 MID_STAMPS := $(foreach r,$(MID_RELEASES),.venv-ngc-$(r)/.installed)
@@ -50,10 +49,8 @@ MID_DESELECT := $(addprefix --deselect $(OWNER_COLLECTIVES),\
 	test_with_pipeline_parallelism_the_stages_reduce_to_their_owners_bit_for_bit_as_the_legacy_path \
 	test_with_two_virtual_pipeline_chunks_per_rank_every_chunk_reduces_to_its_owners_bit_for_bit)
 # What test-stack leaves out of tests/megatron_cpu on 0.16 (CI time): preflight's Qwen3 path, the same preflight code
-# on every stack, run in .venv, and its split at DP=4, the CPU harness's expected failure on 0.16 / 0.17 (the file's
-# xfail says why; the split at 2 ranks and EP=2 at 4 ranks stay).
-STACK_DESELECT := $(addprefix --deselect tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report,\
-	[qwen3-2ranks] [split-4ranks])
+# on every stack, run in .venv.
+STACK_DESELECT := --deselect tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report[qwen3-2ranks]
 # Bridge 0.6's own model and optimizer setup under preflight (ours is built by it on 26.02-26.08: test-stack runs
 # tests/megatron_cpu on 26.02's, the mid releases MID_TESTS' preflight paths; .venv has no Bridge).
 NEWEST_PREFLIGHT := tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report[reduce_scatter-ep2-4ranks]

@@ -2,7 +2,8 @@
 
 Megatron-Core (0.16.x and 0.19.2) allocates on ``torch.cuda.current_device()``, waits on CUDA streams and
 whitelists ``torch.cuda.*`` tensor types (four shims, every version); its checkpoints synchronize the device and,
-without Apex/TE, mishandle torch Adam's 'step' on load (two shims, checkpoints only); 0.16 also has two import-time
+without Apex/TE, mishandle torch Adam's 'step' on load and, on 0.16 / 0.17's layer-wise optimizer, on save (three
+shims, checkpoints only); 0.16 also has two import-time
 gaps when Transformer Engine is absent (two more, 0.16 only); from 0.18 the DDP wrap Megatron-Bridge's model setup
 calls builds DDP in a CUDA side stream (one more, that wrap only). Each shim answers exactly one of those as a CPU (or
 TE's FusedAdam) would, and records the Megatron call sites that hit it. `tests/megatron_cpu/test_shims.py` runs
@@ -74,6 +75,14 @@ SHIMS: dict[str, Shim] = {s.name: s for s in (
          "per-parameter tensors read back carry none and the copy (line 1223) raises KeyError: 'step'; and that step "
          "is one tensor shared by every state, which torch's Adam increments in place once per parameter",
          r"AssertionError|KeyError: 'step'"),
+    Shim("adam_common_step", "torch Adam's step in a layer-wise checkpoint: a rank without Adam parameters saves "
+         "the step of a rank that has them (0.16 / 0.17 only)", ("megatron/core/optimizer/optimizer.py",),
+         "Float16OptimizerWithFloat16Params.sharded_state_dict saves torch Adam's per-parameter step as the common "
+         "state's 'common_step' (optimizer.py:846), which only rank 0 writes; where rank 0 holds no Adam parameter "
+         "there is none, and the other ranks load Adam states without 'step' (TE's "
+         "FusedAdam keeps it in the param groups, which the layer-wise sharded_state_dict takes from a rank that "
+         "holds parameters); measured: a layer-wise Muon checkpoint of tiny Kimi K2 at DP=4 (the NS-cost "
+         "assignment leaves rank 0 matrices only)", r"KeyError: 'step'"),
     Shim("mla_have_te_flag", "multi_latent_attention.HAVE_TE -> False when its TELinear is not a class (0.16 only)",
          ("megatron/core/transformer/multi_latent_attention.py",),
          "0.16 sets HAVE_TE=True whenever megatron.core.extensions.transformer_engine imports, which it does "
@@ -94,8 +103,8 @@ SHIMS: dict[str, Shim] = {s.name: s for s in (
          "megatron.training's _ddp_wrap (Bridge 0.5 / 0.6's model setup) builds DDP inside a new CUDA side stream",
          r"(?i)nvidia driver|cuda|not compiled"),
 )}
-CHECKPOINT_ONLY: frozenset[str] = frozenset({"cuda_synchronize", "adam_step_for_load"})
-"""Shims only a checkpoint save (cuda_synchronize) or load (adam_step_for_load) reaches."""
+CHECKPOINT_ONLY: frozenset[str] = frozenset({"cuda_synchronize", "adam_step_for_load", "adam_common_step"})
+"""Shims only a checkpoint save (cuda_synchronize, adam_common_step) or load (adam_step_for_load) reaches."""
 LAYER_WISE_ONLY: frozenset[str] = frozenset({"gloo_uneven_all_gather"})
 """Shims only the layer-wise (Muon) optimizer reaches."""
 DDP_WRAP_ONLY: frozenset[str] = frozenset({"cuda_side_stream"})
@@ -104,6 +113,7 @@ harness's own training step wraps DDP directly and never does (`test_shims.py` d
 NEEDED_ON: dict[str, tuple[str, ...]] = {
     "current_stream": ("0.19",),  # 0.16's bucket group does not wait on the current stream
     "mla_have_te_flag": ("0.16",),
+    "adam_common_step": ("0.16", "0.17"),  # 0.18+'s layer-wise optimizer: no rank without Adam's step at DP=4
     "moe_te_general_gemm_name": ("0.16",),
     "gloo_uneven_all_gather": ("0.16",),  # 0.19's layer-wise optimizer gathers equal, padded shards
     "cuda_side_stream": ("0.18", "0.19"),  # 0.16's wheel has no megatron.training (no _ddp_wrap)
@@ -176,6 +186,28 @@ def _device_mode(rewrite_device: bool, report_cuda_type: bool) -> torch.override
     return CudaToCpu()
 
 
+def _install_adam_common_step() -> None:
+    """Float16OptimizerWithFloat16Params.sharded_state_dict: a rank without a torch Adam step (no Adam parameter of its
+    own) takes the step of the first rank that has one, as TE's FusedAdam's group step reaches the common state."""
+    import torch.distributed as dist
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+
+    original = Float16OptimizerWithFloat16Params.sharded_state_dict
+
+    def sharded_state_dict(self, *args, **kwargs):  # noqa: ANN001, ANN202 - Megatron's method
+        sharded = original(self, *args, **kwargs)
+        state = sharded["optimizer"]["state"]
+        steps: list[object] = [None] * dist.get_world_size()
+        dist.all_gather_object(steps, state.get("common_step"))  # every rank builds every sub-optimizer's dict
+        step = next((s for s in steps if s is not None), None)
+        if "common_step" not in state and step is not None:
+            SHIMS["adam_common_step"].record()
+            state["common_step"] = step
+        return sharded
+
+    Float16OptimizerWithFloat16Params.sharded_state_dict = sharded_state_dict
+
+
 def install(without: Iterable[str] = ()) -> list[Shim]:
     """Install every shim except those named in ``without`` (in this process, for good); return those installed."""
     skip = set(without)
@@ -241,6 +273,8 @@ def install(without: Iterable[str] = ()) -> list[Shim]:
         DistributedOptimizer.state_dict = state_dict
         DistributedOptimizer.load_state_dict = load_state_dict
         DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+    if "adam_common_step" not in skip:
+        _install_adam_common_step()
     if "current_stream" not in skip:
         stream = _NoOpStream()
 

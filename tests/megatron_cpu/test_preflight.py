@@ -30,12 +30,7 @@ BRIDGE_SETUP = installed_versions((MBRIDGE,))[MBRIDGE] is not None
     pytest.param("kimi_k2_muon_split", 2, 1, (), id="split-2ranks"),
     pytest.param("qwen3_30b_a3b_muon", 2, 1, (), id="qwen3-2ranks"),
     pytest.param("kimi_k2_muon", 4, 2, ("optimizer.collectives=reduce_scatter",), id="reduce_scatter-ep2-4ranks"),
-    pytest.param("kimi_k2_muon_split", 4, 1, (), id="split-4ranks", marks=pytest.mark.xfail(
-        ASSEMBLY, strict=True, reason="found by this preflight, a gap of the CPU harness: Megatron-Core 0.16 / "
-        "0.17's layer-wise sharded_state_dict keeps Adam's step as group metadata (TE's FusedAdam, NGC's), which it "
-        "takes from the first rank holding the group; torch's Adam (CPU) keeps step per parameter, left in the "
-        "common state only rank 0 writes, and at DP=4 rank 0 holds no Adam parameter: the other ranks load Adam "
-        "states without 'step' (KeyError in torch Adam's __setstate__); 2 ranks resume bit for bit")),
+    pytest.param("kimi_k2_muon_split", 4, 1, (), id="split-4ranks"),
 ])
 def test_the_recipes_path_passes_every_check_and_writes_its_report(tmp_path, recipe, world_size, ep, overrides):
     result, out = run_cpu_preflight(tmp_path, recipe, world_size, ep=ep, overrides=overrides)

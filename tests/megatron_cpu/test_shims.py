@@ -1,7 +1,8 @@
 """Each harness shim is still needed (a run without it fails as documented) and the set is still enough (a run
 with all of them works and hits each documented call site), on the Megatron-Core this interpreter has. A
 Megatron-Core bump that removes a need or adds one fails here. Checkpoint-only shims are checked on a Megatron
-`dist_checkpointing` save + resume, layer-wise-only ones on a Muon step, DDP-wrap-only ones on Megatron's
+`dist_checkpointing` save + resume (torch Adam's common step on a layer-wise Muon save at DP=4), layer-wise-only ones
+on a Muon step, DDP-wrap-only ones on Megatron's
 ``_ddp_wrap`` (Bridge's model setup)."""
 
 from __future__ import annotations
@@ -20,14 +21,18 @@ SPEC = "tiny_kimi_k2"  # MLA + MoE with a shared expert and a dense layer: every
 NEEDED = sorted(n for n in shims.SHIMS if shims.needed_on(n, MCORE))
 
 
-def _save(ckpt: Path, without: tuple[str, ...] = ()) -> dict:
-    return run_distributed(train_tiny, world_size=2, args=(SPEC, "adamw", 1, without, str(ckpt), 1), timeout_s=240,
-                           daemon=False)[0]
+def _save(ckpt: Path, without: tuple[str, ...] = (), optimizer: str = "adamw", world_size: int = 2) -> dict:
+    return run_distributed(train_tiny, world_size=world_size, args=(SPEC, optimizer, 1, without, str(ckpt), 1),
+                           timeout_s=300, daemon=False)[0]
 
 
-def _resume(ckpt: Path, without: tuple[str, ...] = ()) -> dict:
-    return run_distributed(train_tiny, world_size=2, args=(SPEC, "adamw", 1, without, str(ckpt), None, 1),
-                           timeout_s=240, daemon=False)[0]
+def _resume(ckpt: Path, without: tuple[str, ...] = (), optimizer: str = "adamw", world_size: int = 2) -> dict:
+    return run_distributed(train_tiny, world_size=world_size, args=(SPEC, optimizer, 1, without, str(ckpt), None, 1),
+                           timeout_s=300, daemon=False)[0]
+
+
+MUON_AT_DP4 = {"optimizer": "muon", "world_size": 4}
+"""A layer-wise Muon checkpoint on 4 ranks, where the NS-cost assignment leaves rank 0 no Adam parameter."""
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +58,16 @@ def _muon_step(without: tuple[str, ...] = ()) -> dict:
 
 
 @pytest.fixture(scope="module")
-def hits_with_all_shims(checkpoint: Path) -> dict[str, set[str]]:
-    """Shim -> Megatron files that hit it over an AdamW step + save, a resume + step, and a layer-wise Muon step,
-    every shim installed, and (where Megatron-Core ships it) Megatron's DDP wrap that Bridge's model setup calls."""
+def hits_with_all_shims(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
+    """Shim -> Megatron files that hit it over an AdamW step + save, a resume + step, a layer-wise Muon step, and one
+    with a save on 4 ranks, every shim installed, and (where Megatron-Core ships it) Megatron's DDP wrap that Bridge's
+    model setup calls."""
     saved, resumed, muon = _save(checkpoint), _resume(checkpoint), _muon_step()
-    assert len(saved["losses"]) == len(resumed["losses"]) == len(muon["losses"]) == 1  # the set is enough
+    dp4 = _save(tmp_path_factory.mktemp("dp4"), **MUON_AT_DP4)
+    assert len(saved["losses"]) == len(resumed["losses"]) == len(muon["losses"]) == len(dp4["losses"]) == 1
     wrap = _ddp_wrap() if _has_ddp_wrap() else {"shim_hits": {n: [] for n in shims.SHIMS}}
     return {n: set(saved["shim_hits"][n]) | set(resumed["shim_hits"][n]) | set(muon["shim_hits"][n])
+            | set(dp4["shim_hits"][n])
             | {f for f in wrap["shim_hits"][n] if n in shims.DDP_WRAP_ONLY} for n in shims.SHIMS}
 
 
@@ -85,6 +93,10 @@ def test_shim_is_still_needed(name, checkpoint, hits_with_all_shims, tmp_path):
     elif name not in shims.CHECKPOINT_ONLY:
         with pytest.raises(RuntimeError, match=failure):
             run_distributed(train_tiny, world_size=2, args=(SPEC, "adamw", 1, (name,)), timeout_s=240)
+    elif name == "adam_common_step":  # saved without it at DP=4, the checkpoint does not load
+        _save(tmp_path, without=(name,), **MUON_AT_DP4)
+        with pytest.raises(RuntimeError, match=failure):
+            _resume(tmp_path, without=(name,), **MUON_AT_DP4)
     elif name == "adam_step_for_load":  # reached when loading the checkpoint the fixture saved
         with pytest.raises(RuntimeError, match=failure):
             _resume(checkpoint, without=(name,))
