@@ -26,6 +26,7 @@ class Replica:
 
 
 def rank_device() -> Any:
+    """This rank's CUDA device, or the CPU where there is none (the test harness's ranks)."""
     import torch
 
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
