@@ -260,7 +260,7 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
     local_experts = (replicas["reference"].ddp_model.config.num_moe_experts or 0) // request.ep
     state = whole_model_state(replicas["reference"].ddp_model.module, ep_rank, local_experts,
                               contributes=expert_rank == 0) if single_runs else None
-    first_step = saved = None
+    first_step = saved = at_save = None
     for step in range(request.steps):
         for role, replica in replicas.items():
             loss, seconds, ok = train_step(replica, step, dp_rank, dp_size)
@@ -281,14 +281,12 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
                                     **integrity_check())
             dist.barrier()
             if reshards:  # what the resharded resume must find after its load (EP=1 names)
-                saved = SavedRun(gathered_by_name(weight_digests(ours, ep_rank), local_experts),
-                                 gathered_by_name(owned_masters(ours, ep_rank), local_experts),
-                                 {}, float("nan"), {world_key_to_name(k, local_experts) for k in keys})
+                at_save = (gathered_by_name(weight_digests(ours, ep_rank), local_experts),
+                           gathered_by_name(owned_masters(ours, ep_rank), local_experts))
             plant("saved", "ours", ours)
-        if saved is not None and step == request.checkpoint_step:  # the step after the save
-            ours = replicas["ours"]
-            saved.next_masters = gathered_by_name(owned_masters(ours, ep_rank), local_experts)
-            saved.next_loss = figures.losses["ours"][step]
+        if at_save is not None and step == request.checkpoint_step:  # the step after the save
+            saved = SavedRun(*at_save, gathered_by_name(owned_masters(replicas["ours"], ep_rank), local_experts),
+                             figures.losses["ours"][step], {world_key_to_name(k, local_experts) for k in keys})
     owned = {role: gather(owned_masters(replica, ep_rank)) for role, replica in replicas.items()}
     for role, replica in replicas.items():
         split = getattr(replica.opt, "ns_split_target", None) is not None
