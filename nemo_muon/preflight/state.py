@@ -55,10 +55,14 @@ CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 def checkpoint_state(ddp_model: Any, optimizer: Any, *, loading: bool) -> dict:
-    """The sharded state dict of the model and the optimizer (``loading``: for a load)."""
-    model_sd = ddp_model.module.sharded_state_dict(metadata=CHECKPOINT_METADATA)
+    """The sharded state dict of the model and the optimizer (``loading``: for a load). The metadata is a new copy of
+    `CHECKPOINT_METADATA` per call: Megatron-Core (0.19: ``ensure_metadata_has_dp_cp_group``) stores the current
+    data-parallel group in it, and a shared dict would hand a later model-parallel state (another PP size) the
+    groups of the first, whose replica ids then name two main replicas of each dense weight."""
+    metadata = dict(CHECKPOINT_METADATA)
+    model_sd = ddp_model.module.sharded_state_dict(metadata=metadata)
     return {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=loading,
-                                                                         metadata=CHECKPOINT_METADATA)}
+                                                                         metadata=metadata)}
 
 
 def settle(ddp_model: Any) -> None:
