@@ -39,7 +39,7 @@ MID_TESTS := $(addprefix $(NEWEST_TESTS)/,test_environment.py test_bridge_provid
 	tests/megatron_cpu/test_owner_collectives.py \
 	tests/megatron_cpu/test_optimizer_state_checkpoint.py tests/megatron_cpu/test_megatron_parity.py \
 	tests/megatron_cpu/test_pinned_hook_points.py $(NEWEST_TESTS)/test_bridge_checkpoint.py \
-	tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report[reduce_scatter-ep2-4ranks]
+	tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report[reduce_scatter-pp2-ep2-4ranks]
 # What the mid releases leave out of the files they run (CI time): the owner collectives at 4 ranks and with pipeline
 # stages (0.17 is the 0.16 generation: test-stack runs them there) and 0.18's 4-rank cost-layout runs (.venv runs
 # them on 0.19, the same core_018_plus code).
@@ -53,7 +53,7 @@ MID_DESELECT := $(addprefix --deselect $(OWNER_COLLECTIVES),\
 STACK_DESELECT := --deselect tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report[qwen3-2ranks]
 # Bridge 0.6's own model and optimizer setup under preflight (ours is built by it on 26.02-26.08: test-stack runs
 # tests/megatron_cpu on 26.02's, the mid releases MID_TESTS' preflight paths; .venv has no Bridge).
-NEWEST_PREFLIGHT := tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report[reduce_scatter-ep2-4ranks]
+NEWEST_PREFLIGHT := tests/megatron_cpu/test_preflight.py::test_the_recipes_path_passes_every_check_and_writes_its_report[reduce_scatter-pp2-ep2-4ranks]
 # Tests that need the container stack live here and run only in it; tests/megatron_cpu runs in both environments.
 STACK_TESTS := tests/container_stack
 # Tests of the newest stack (Bridge >= 0.4's extension point) live here and run only there.

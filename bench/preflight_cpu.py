@@ -37,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="kimi_k2_muon_split")
     parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--ep", type=int, default=1)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", default="/tmp/nemo-muon-preflight")
@@ -47,7 +48,7 @@ def main() -> None:
     from nemo_muon.train.spawn import spawn_ranks
 
     request = PreflightRequest(recipe=args.recipe, world_size=args.world, overrides=tuple(args.overrides),
-                               steps=args.steps, ep=args.ep, out_dir=args.out)
+                               steps=args.steps, pp=args.pp, ep=args.ep, out_dir=args.out)
     result = spawn_ranks(_rank, args.world, (request,), timeout_s=900, daemon=False)[0]
     print((Path(args.out) / MARKDOWN_NAME).read_text())
     print(f"optimizer step, {args.recipe}'s path / reference path (median after warm-up, slowest rank): "

@@ -240,19 +240,22 @@ def _refuse_credentials(options: dict[str, str | None]) -> None:
 
 def _preflight_args(recipe: Any, name: str, overrides: list[str], recipe_file: Path, run_dir: Path) -> list[str] | None:
     """The preflight program's arguments (after ``python``), checked as the job will run them; None without
-    ``system.preflight``. The expert-parallel size is the recipe's scaled to the tiny model on the job's ranks."""
+    ``system.preflight``. The pipeline and expert-parallel sizes are the recipe's scaled to the tiny model on the
+    job's ranks (`nemo_muon.preflight.request.allocation_pp`, ``allocation_ep``)."""
     if not recipe.system.preflight:
         return None
-    from nemo_muon.preflight.request import PreflightRequest, allocation_ep
+    from nemo_muon.preflight.request import PreflightRequest, allocation_ep, allocation_pp
 
     world = recipe.system.world_size
     out_dir = str(run_dir / PREFLIGHT_FOLDER)
     try:
+        pp = allocation_pp(recipe, world)
         request = PreflightRequest(recipe=name, world_size=world, overrides=tuple(overrides), resolved=recipe,
-                                   ep=allocation_ep(recipe, world), out_dir=out_dir)
+                                   pp=pp, ep=allocation_ep(recipe, world, pp), out_dir=out_dir)
     except ValueError as e:
         raise LaunchError(f"{e} (system.preflight=True: set system.preflight=false, or --no-preflight)") from None
-    return ["-m", PREFLIGHT_MODULE, "--recipe-file", str(recipe_file), "--out", out_dir, "--ep", str(request.ep)]
+    return ["-m", PREFLIGHT_MODULE, "--recipe-file", str(recipe_file), "--out", out_dir, "--pp", str(request.pp),
+            "--ep", str(request.ep)]
 
 
 def build_plan(opts: LaunchOptions, environ: dict[str, str] | None = None) -> LaunchPlan:

@@ -32,7 +32,7 @@ SLURM_TIME = "00:30:00"
 def preflight_args(request: PreflightRequest) -> list[str]:
     """The arguments of the preflight entry point (after ``python``) for ``request``."""
     args = ["-m", PREFLIGHT_MODULE, "--recipe", request.recipe, "--out", request.out_dir, "--steps", str(request.steps),
-            "--ep", str(request.ep), "--time-limit-s", f"{request.time_limit_s:g}"]
+            "--pp", str(request.pp), "--ep", str(request.ep), "--time-limit-s", f"{request.time_limit_s:g}"]
     if request.save_at is not None:
         args += ["--save-at", str(request.save_at)]
     if request.device != "cuda":
@@ -96,7 +96,10 @@ def _submit(job: SlurmJob, script: str, dry_run: bool, wait: bool, env: dict[str
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Slurm: nodes.")
 @click.option("--steps", type=int, default=DEFAULT_STEPS, show_default=True, help="Steps of each run.")
 @click.option("--save-at", type=int, default=None, help="Save after this step and resume (default: steps // 2).")
-@click.option("--ep", type=int, default=1, show_default=True, help="Expert-parallel size of the tiny model.")
+@click.option("--pp", type=int, default=1, show_default=True,
+              help="Pipeline-parallel size of the tiny model (divides the ranks and its 4 layers).")
+@click.option("--ep", type=int, default=1, show_default=True,
+              help="Expert-parallel size of the tiny model (divides a stage's ranks and its 8 experts).")
 @click.option("--out", "out_dir", default="preflight", show_default=True,
               help="Folder of preflight.json and preflight.md (Slurm: also the script and the job's log).")
 @click.option("--time-limit-s", type=float, default=DEFAULT_TIME_LIMIT_S, show_default=True,
@@ -114,8 +117,8 @@ def _submit(job: SlurmJob, script: str, dry_run: bool, wait: bool, env: dict[str
 @click.option("--wait/--no-wait", default=None, help="Slurm: wait for the job; exit with its code [default: no-wait].")
 @click.option(*DRY_RUN_NAMES, "dry_run", is_flag=True, help="Print the command (Slurm: the script) and exit.")
 @merged_overrides
-def preflight(recipe: str, executor: str, nproc_per_node: int, nodes: int, steps: int, save_at: int | None, ep: int,
-              out_dir: str, time_limit_s: float, device: str, account: str | None, partition: str | None,
+def preflight(recipe: str, executor: str, nproc_per_node: int, nodes: int, steps: int, save_at: int | None, pp: int,
+              ep: int, out_dir: str, time_limit_s: float, device: str, account: str | None, partition: str | None,
               time_: str | None, image: str | None, container: bool | None, env: tuple[str, ...], wait: bool | None,
               dry_run: bool, overrides: tuple[str, ...]) -> None:
     """Prove RECIPE's optimizer path on this machine's GPUs; overrides are key=value (optimizer.collectives=...)."""
@@ -133,7 +136,7 @@ def preflight(recipe: str, executor: str, nproc_per_node: int, nodes: int, steps
         out_dir = str(Path(out_dir).expanduser().absolute())
     try:
         request = PreflightRequest(recipe=recipe, world_size=nodes * nproc_per_node, overrides=overrides, steps=steps,
-                                   save_at=save_at, ep=ep, out_dir=out_dir, time_limit_s=time_limit_s, device=device)
+                                   save_at=save_at, pp=pp, ep=ep, out_dir=out_dir, time_limit_s=time_limit_s, device=device)
         job_env = parse_env(list(env), dict(os.environ))
         job = None if executor == "local" else preflight_job(
             request, nodes=nodes, nproc_per_node=nproc_per_node, account=account, partition=partition,

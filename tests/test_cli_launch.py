@@ -70,7 +70,7 @@ def test_kimi_k2_gb300_sbatch_has_bridge_perf_lines(tmp_path: Path) -> None:
     assert srun.endswith(f"python -m nemo_muon.launchers.run_recipe --recipe-file {document}")  # resolved once
     # the preflight first, on the same document, nodes and image; the training only after it (set -e)
     assert preflight.endswith(f"python -m nemo_muon.preflight.main --recipe-file {document} --out "
-                              f"{root}/kimi_k2_muon/preflight --ep 8")
+                              f"{root}/kimi_k2_muon/preflight --pp 4 --ep 8")
     assert lines.index(preflight) < lines.index(srun) and "set -euo pipefail" in lines[:lines.index(preflight)]
     assert document.parent == root / "kimi_k2_muon" and "logging.root" not in srun
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0

@@ -58,7 +58,8 @@ def test_a_slurm_job_runs_the_preflight_as_its_first_step_on_the_same_recipe(tmp
     preflight, training = [line for line in lines if line.startswith("srun ")]
     run_dir = tmp_path / "runs" / "kimi_k2_muon"
     assert preflight.endswith(f"python -m nemo_muon.preflight.main --recipe-file {plan['recipe_file']} --out "
-                              f"{run_dir}/preflight --ep 8")  # the recipe's EP=64 scaled to the tiny model's 8 experts
+                              f"{run_dir}/preflight --pp 4 --ep 8")  # the recipe's PP=4 and EP=64 on its 256 GPUs, scaled to the tiny
+    # model's 4 layers and 8 experts
     assert training.endswith(f"python -m nemo_muon.launchers.run_recipe --recipe-file {plan['recipe_file']}")
     # the same image, nodes and tasks; the preflight's ranks end with their own code (slurm.PREFLIGHT_STEP_END)
     assert preflight.split(" python ")[0].replace("--kill-on-bad-exit=0 --wait=60", "--kill-on-bad-exit=1") == \
@@ -73,7 +74,7 @@ def test_docker_and_local_print_the_preflight_before_the_run(tmp_path, executor)
     args = [*LOCAL, "--executor", executor, *(["--image", IMAGE] if executor == "docker" else [])]
     plan = _plan(tmp_path, *args)
     run_dir = tmp_path / "runs" / "qwen3_30b_a3b_muon"
-    step = f"-m nemo_muon.preflight.main --recipe-file {plan['recipe_file']} --out {run_dir}/preflight --ep 2"
+    step = f"-m nemo_muon.preflight.main --recipe-file {plan['recipe_file']} --out {run_dir}/preflight --pp 1 --ep 2"
     assert plan["preflight_command"].endswith(step)
     assert plan["command"].endswith(f"-m nemo_muon.launchers.run_recipe --recipe-file {plan['recipe_file']}")
     assert plan["preflight_command"].removesuffix(step) == plan["command"].removesuffix(

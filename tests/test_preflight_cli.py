@@ -19,6 +19,9 @@ from nemo_muon.train.refusals import REFUSED_EXIT
     (["--recipe", "tiny_kimi_k2_muon"], "backend must be 'megatron' for preflight"),
     (["--recipe", "qwen3_30b_a3b_adamw"], "optimizer.kind must be a layer-wise matrix optimizer"),
     (["--recipe", "kimi_k2_muon", "--nproc-per-node", "2", "--ep", "4"], "preflight.ep must be one of (1, 2)"),
+    (["--recipe", "kimi_k2_muon", "--nproc-per-node", "4", "--pp", "3"], "preflight.pp must be one of (1, 2, 4)"),
+    (["--recipe", "kimi_k2_muon", "--nproc-per-node", "4", "--pp", "2", "--ep", "4"],
+     "preflight.ep must be one of (1, 2) (divides world_size / pp = 2"),
     (["--recipe", "kimi_k2_muon", "optimizer.collectives=ring"], "optimizer.collectives"),
     (["--recipe", "kimi_k2_muon", "--executor", "slurm"], "--image must be set (or --no-container)"),
     (["--recipe", "kimi_k2_muon", "--executor", "slurm", "--no-container", "--nodes", "2", "--nproc-per-node", "2",
@@ -70,7 +73,7 @@ def test_the_slurm_dry_run_is_one_srun_task_per_gpu_of_the_entry_point_with_the_
     srun = [line for line in lines if line.startswith("srun ")]
     assert srun[0].startswith("srun --kill-on-bad-exit=0 --wait=60 ")  # every rank ends with the preflight's code
     assert len(srun) == 1 and srun[0].endswith(
-        f"python -m nemo_muon.preflight.main --recipe kimi_k2_muon --out {out} --steps 10 --ep 2 --time-limit-s 900 "
+        f"python -m nemo_muon.preflight.main --recipe kimi_k2_muon --out {out} --steps 10 --pp 1 --ep 2 --time-limit-s 900 "
         "trainer.grad_clip=0.5")
     assert f"--container-mounts={out}:{out}" in srun[0]
     assert lines[-1] == f"sbatch --parsable --export=ALL {out}/preflight.sbatch" and not out.exists()

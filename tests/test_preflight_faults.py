@@ -1,6 +1,6 @@
 """A planted fault makes `nemo-muon preflight` fail the check it breaks (a matrix no rank updates, a gather skipped
 after the resume, a corrupted shard, gradients never reduced on either path, experts' gradients not reduced over
-expert data parallelism, experts loaded under another index at another expert-parallel size), on CPU gloo ranks through
+expert data parallelism, experts loaded under another index at another layout), on CPU gloo ranks through
 Megatron-Core's real stack (tests/megatron_cpu/preflight_runs.py). The checks are the same code on every stack: these
 run once, in .venv (Megatron-Core 0.19.2); the passing paths run on every stack (tests/megatron_cpu/test_preflight.py),
 and so does an owner our plan did not choose (the plans differ by generation). One failure is no plant but what the
@@ -49,14 +49,15 @@ def test_expert_gradients_left_unreduced_fail_the_single_process_check_at_expert
 
 
 def test_experts_loaded_under_another_index_at_another_expert_parallel_size_fail_the_reshard_check(tmp_path):
-    """Saved at EP=2 on 4 ranks, loaded at EP=4 with each rank's first two experts traded: the resume at the saved
-    layout passes, the resharded one fails naming an expert's weight."""
-    result, _ = run_cpu_preflight(tmp_path, "kimi_k2_muon", world_size=4, ep=2, plant="misplaced_experts")
+    """Saved at PP=2 EP=2 on 4 ranks, loaded at PP=1 EP=4 with each rank's first two experts traded: the resume at the
+    saved layout passes, the resharded one fails naming an expert's weight."""
+    result, _ = run_cpu_preflight(tmp_path, "kimi_k2_muon", world_size=4, pp=2, ep=2, plant="misplaced_experts")
     assert result["code"] == FAILED_EXIT
     resume = result["checks"][CHECK_NAMES.index("resume")]
     assert resume.startswith("PASS resume:"), resume
     failure = result["first_failure"]
-    assert failure.startswith("FAIL reshard: saved at EP=2 (expert DP 2), resumed at EP=4 (expert DP 1): "), failure
+    assert failure.startswith("FAIL reshard: saved at PP=2 EP=2 (DP 2, expert DP 1), resumed at PP=1 EP=4 (DP 4, "
+                              "expert DP 1): "), failure
     assert "weights differ from the saved ones after the load, first " in failure and EXPERT in failure, failure
 
 

@@ -1,7 +1,8 @@
 """The preflight's verdicts from its figures (no ranks): the single-process and the resharded-resume checks pass, fail
 or say why they did not run, the report and the exit line say the same; the single-process reference's clip
-coefficient is the trainer's, an expert-parallel rank's experts take their places in its whole model, and the resume
-at another expert-parallel size picks one the ranks and the experts host."""
+coefficient is the trainer's, an expert-parallel rank's experts take their places in its whole model, the layouts a
+job's preflight runs are the recipe's scaled to its ranks, and the resume at another layout picks one the ranks, the
+layers and the experts host."""
 
 from __future__ import annotations
 
@@ -13,21 +14,21 @@ import torch
 
 from nemo_muon.preflight.checks import CHECK_NAMES, evaluate, first_failure
 from nemo_muon.preflight.report import document, exit_line, markdown
-from nemo_muon.preflight.request import MASTER_RTOL, PreflightRequest
-from nemo_muon.preflight.reshard import Resharded, other_ep
+from nemo_muon.preflight.request import MASTER_RTOL, ParallelLayout, PreflightRequest, allocation_ep, allocation_pp
+from nemo_muon.preflight.reshard import Resharded, other_layout
 from nemo_muon.preflight.run import Figures, _against_single
 from nemo_muon.preflight.single_process import CLIP_EPS, clip_coefficient, not_run_reason, world_key_to_name
 
 REQUEST = PreflightRequest(recipe="kimi_k2_muon", world_size=2, steps=6)
-AT_EP2 = PreflightRequest(recipe="kimi_k2_muon", world_size=4, ep=2, steps=6)
-EP1_REASON = other_ep(1, 2, 8)[1]
+AT_EP2 = PreflightRequest(recipe="kimi_k2_muon", world_size=4, pp=2, ep=2, steps=6)
+ONE_RANK_REASON = other_layout(ParallelLayout(1), 4, 8)[1]
 
 
 def _figures(single: tuple[str, float] | None, not_run: str | None = None) -> Figures:
     return Figures(paths={"ours": "o", "reference": "r"}, losses={"ours": [2.0, 1.0] * 3, "reference": [2.0, 1.0] * 3},
                    step_s={"ours": [1.0] * 6, "reference": [1.0] * 6}, skipped={"ours": [], "reference": []},
                    master_worst=("w", 0.0), single_process=single, single_process_not_run=not_run,
-                   reshard_not_run=EP1_REASON,
+                   reshard_not_run=ONE_RANK_REASON,
                    nonfinite={"policy": "raise", "ranks": [{"outcome": "raised"}] * 2}, devices=["cpu", "cpu"])
 
 
@@ -65,32 +66,56 @@ def test_a_single_process_reference_that_could_not_run_says_why_and_does_not_fai
                               "single_process, reshard)")
 
 
-@pytest.mark.parametrize(("world_size", "ep", "experts", "expected"), [
-    (4, 2, 8, 4), (8, 4, 8, 8), (4, 4, 8, 2), (8, 8, 8, 4), (16, 8, 16, 16), (6, 3, 6, 6), (6, 2, 8, None),
-    (2, 1, 8, None), (4, 1, 8, None),
+@pytest.mark.parametrize(("saved", "expected"), [
+    ((2, 1, 1), (2, 2, 1)),  # 2 ranks at EP=1: two stages, DP 2 -> 1
+    ((4, 1, 1), (4, 2, 1)),
+    ((4, 1, 2), (4, 2, 2)),  # DP 4 -> 2, the experts' 2 -> 1
+    ((4, 2, 2), (4, 1, 4)),  # DP 2 -> 4, EP 2 -> 4
+    ((8, 2, 2), (8, 1, 4)),
+    ((8, 4, 2), (8, 2, 4)),
+    ((8, 1, 8), (8, 2, 4)),
+    ((2, 1, 2), None),  # two stages leave one rank each: no EP above 1
+    ((1, 1, 1), None),
 ])
-def test_the_resharded_resume_loads_at_twice_or_half_the_expert_parallel_size_above_one(world_size, ep, experts,
-                                                                                        expected):
-    chosen, reason = other_ep(ep, world_size, experts)
-    assert chosen == expected and (reason is None) == (expected is not None)
-    if ep == 1:
-        assert reason.startswith("ep=1: Megatron's optimizer keeps the experts in the dense parameters' groups")
-    elif expected is None:
-        assert reason == f"world_size={world_size} with the tiny model's {experts} experts hosts no expert-parallel " \
-                         f"size above 1 but ep={ep}"
+def test_the_resharded_resume_loads_at_another_pipeline_size_and_another_expert_parallel_size_above_one(saved,
+                                                                                                       expected):
+    chosen, reason = other_layout(ParallelLayout(*saved), layers=4, experts=8)
+    assert chosen == (ParallelLayout(*expected) if expected else None) and (reason is None) == (expected is not None)
+    if expected is not None:
+        assert chosen.pp != saved[1] and (chosen.ep > 1) == (saved[2] > 1)  # the data-parallel size changes
+    else:
+        assert reason.startswith(f"world_size={saved[0]} with the tiny model's 4 layers and 8 experts hosts no other "
+                                 f"layout than {ParallelLayout(*saved).describe()}")
+        assert ("a checkpoint does not load across EP=1 and EP > 1" in reason) == (saved[2] > 1)
+
+
+@pytest.mark.parametrize(("recipe", "world_size", "expected"), [
+    ("kimi_k2_muon", 256, (4, 8)),  # the recipe's PP=4, EP=64 on its 256 GPUs: 4 stages of 64 ranks, 8 experts
+    ("kimi_k2_muon", 8, (4, 2)),
+    ("kimi_k2_muon", 4, (2, 2)),  # stages of 2 data-parallel ranks, not 4 of 1
+    ("kimi_k2_muon", 2, (1, 2)),
+    ("kimi_k2_muon", 1, (1, 1)),
+    ("qwen3_30b_a3b_muon", 8, (1, 8)),  # the recipe's PP=1, EP=8
+])
+def test_a_jobs_preflight_runs_the_recipes_layout_scaled_to_its_ranks(recipe, world_size, expected):
+    built = REQUEST.training_recipe() if recipe == "kimi_k2_muon" else \
+        PreflightRequest(recipe=recipe, world_size=2, steps=6).training_recipe()
+    pp = allocation_pp(built, world_size)
+    assert (pp, allocation_ep(built, world_size, pp)) == expected
+    PreflightRequest(recipe=recipe, world_size=world_size, pp=expected[0], ep=expected[1], steps=6)  # hostable
 
 
 @pytest.mark.parametrize(("outcome", "passed"), [
     (Resharded([], 0.0, ("m", 0.0)), True), (Resharded([], 1e-2, ("m", MASTER_RTOL)), True),
-    (Resharded(["step 4 at EP=4: m's master is 0.6 x the step's movement"], 0.0, ("m", 0.6)), False),
-    (Resharded(["the checkpoint saved at EP=2 does not load at EP=4: ValueError: x"]), False),
+    (Resharded(["step 4 at PP=1 EP=4: m's master is 0.6 x the step's movement"], 0.0, ("m", 0.6)), False),
+    (Resharded(["the checkpoint saved at PP=2 EP=2 does not load at PP=1 EP=4: ValueError: x"]), False),
 ])
 def test_the_reshard_check_names_both_layouts_and_passes_only_without_problems(outcome, passed):
     figures = _figures(("m", 0.0))
-    figures.reshard, figures.resharded, figures.reshard_not_run = (2, 4), outcome, None
+    figures.reshard, figures.resharded, figures.reshard_not_run = (AT_EP2.layout, ParallelLayout(4, 1, 4)), outcome, None
     check = evaluate(figures, AT_EP2)[CHECK_NAMES.index("reshard")]
     assert check.ran and check.passed is passed
-    assert check.figure.startswith("saved at EP=2 (expert DP 2), resumed at EP=4 (expert DP 1): ")
+    assert check.figure.startswith("saved at PP=2 EP=2 (DP 2, expert DP 1), resumed at PP=1 EP=4 (DP 4, expert DP 1): ")
     if passed:
         assert check.figure.endswith(f"masters largest {outcome.master_worst[1]:.3g} (m)")
     else:

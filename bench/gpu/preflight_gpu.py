@@ -4,7 +4,7 @@ Run on a GPU machine: ``python bench/gpu/preflight_gpu.py [--recipe kimi_k2_muon
 preflight's entry point under torchrun on every visible GPU (one on a lent machine: world size 1, so the owners and
 replicas checks are trivial there and the losses, masters, single-process reference (CUDA against the same math in
 one process on the same GPU), checkpoint resume, non-finite policy and the optimizer-step ratio are the figures; the
-resume at another expert-parallel size does not run on one GPU), with the same command `nemo-muon launch --preflight`
+resume at another layout does not run on one GPU), with the same command `nemo-muon launch --preflight`
 puts first in a job; prints its
 preflight.md and exits with its code (0 passed, 1 a check failed, 2 refused). The reports go to a temporary folder (the
 device tool returns few files; the markdown is in this script's log). The CPU counterpart is

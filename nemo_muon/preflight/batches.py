@@ -1,7 +1,8 @@
 """The tiny model's synthetic data and one optimizer step's forward and backward through Megatron's schedule.
 
-Each (step, data-parallel rank, micro-batch) has its own deterministic tokens (`batch`): every run, every path and
-every resume sees the same batches for the same step, so two paths can be compared step by step.
+Each (step, micro-batch of the world) has its own deterministic tokens (`batch`): every run, every path, every resume
+and every layout sees the same batches for the same step, so two paths can be compared step by step. Data-parallel
+rank d of m micro-batches per rank takes the world's micro-batches d m ... d m + m - 1.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ MICRO_BATCH, SEED = 4, 1234
 """Sequences per micro-batch; the seed of the weights and of the batches."""
 
 
-def batch(step: int, dp_rank: int, vocab: int) -> tuple[Any, Any]:
-    """(input ids, labels) of one (step, DP rank): a fixed pool of 4 sequences per rank, cycled (so the loss can fall)."""
+def batch(step: int, index: int, vocab: int) -> tuple[Any, Any]:
+    """(input ids, labels) of one (step, micro-batch ``index`` of the world): a fixed pool of 4 per micro-batch,
+    cycled (so the loss can fall)."""
     import torch
 
-    g = torch.Generator().manual_seed(SEED + 97 * dp_rank + step % 4)
+    g = torch.Generator().manual_seed(SEED + 97 * index + step % 4)
     tokens = torch.randint(0, vocab, (MICRO_BATCH, SEQ + 1), generator=g)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 

@@ -2,7 +2,7 @@
 
 The order is the order a user should read a failure in: who updates each parameter, whether replicas agree, then the
 numbers (losses, masters against the reference path, then against the single-process reference), the checkpoint
-(resumed as saved, then at another expert-parallel size), the non-finite policy, and the optimizer step's time last.
+(resumed as saved, then at another layout), the non-finite policy, and the optimizer step's time last.
 A check that cannot run for the request (the single-process reference of Megatron's own engine, the resharded resume
 on one rank) says so and why (``ran=False``); it does not fail the preflight.
 """
@@ -89,15 +89,15 @@ def _single_process_check(figures: Any, rtol: float) -> Check:
 
 
 def _reshard_check(figures: Any, request: PreflightRequest) -> Check:
-    tolerance = (f"saved at one expert-parallel size, loaded at another (the experts' data-parallel size changes): "
+    tolerance = (f"saved at one layout, loaded at another (another pipeline size: the data-parallel size changes; "
+                 f"another expert-parallel size: the experts' changes), the same global batch: "
                  f"weights and masters bit for bit at the load; the next step's loss <= {request.loss_rtol:g} "
                  f"relative, per matrix max |resharded - uninterrupted| <= {request.master_rtol:g} x the step's "
                  "movement, replicas bit-identical")
     if figures.reshard is None or figures.resharded is None:
         return Check("reshard", tolerance, str(figures.reshard_not_run), True, ran=False)
-    (saved_ep, loaded_ep), ranks, outcome = figures.reshard, request.world_size, figures.resharded
-    where = f"saved at EP={saved_ep} (expert DP {ranks // saved_ep}), resumed at EP={loaded_ep} (expert DP " \
-            f"{ranks // loaded_ep})"
+    (saved, loaded), outcome = figures.reshard, figures.resharded
+    where = f"saved at {saved.describe()}, resumed at {loaded.describe()}"
     if outcome.problems:
         return Check("reshard", tolerance, f"{where}: {_first(outcome.problems, None, '')}", False)
     key, worst = outcome.master_worst or ("", math.inf)

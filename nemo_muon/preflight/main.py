@@ -70,6 +70,7 @@ def parse_request(argv: list[str], world_size: int) -> PreflightRequest:
     parser.add_argument("--out", default="preflight")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--save-at", type=int, default=None)
+    parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--ep", type=int, default=1)
     parser.add_argument("--time-limit-s", type=float, default=DEFAULT_TIME_LIMIT_S)
     parser.add_argument("overrides", nargs="*")
@@ -86,7 +87,7 @@ def parse_request(argv: list[str], world_size: int) -> PreflightRequest:
         resolved = from_document(document)
         name, overrides = document["source"]["recipe"] or resolved.name, tuple(document["source"]["overrides"])
     return PreflightRequest(recipe=name, world_size=world_size, overrides=overrides, resolved=resolved, device=args.device,
-                            steps=args.steps, save_at=args.save_at, ep=args.ep, out_dir=args.out,
+                            steps=args.steps, save_at=args.save_at, pp=args.pp, ep=args.ep, out_dir=args.out,
                             time_limit_s=args.time_limit_s)
 
 

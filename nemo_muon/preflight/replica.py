@@ -1,11 +1,38 @@
 """One replica of a preflight's tiny model on this rank: built from the fixed seed with its DDP wrap and its Megatron
-optimizer (nemo-muon's builder on Megatron-Core, or Megatron-Bridge's own setup), and one training step of it."""
+optimizer (nemo-muon's builder on Megatron-Core, or Megatron-Bridge's own setup), and one training step of it.
+
+A replica knows its parameters by their names in the whole model (`pipeline_names`): on a pipeline stage after the
+first, Megatron numbers the stage's decoder layers from 0, and the same name would mean another layer on each stage.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
+from collections.abc import Callable
 from typing import Any
+
+DECODER_LAYER = re.compile(r"(^|\.)decoder\.layers\.(\d+)\.", re.ASCII)
+"""Where a parameter (or state-dict) name of Megatron's `TransformerBlock` holds the stage-local layer index."""
+
+
+def pipeline_names(module: Any) -> Callable[[str], str]:
+    """Stage-local name -> the name in the whole model (``decoder.layers.<i>.``: the layer's global index, Megatron's
+    ``layer_number - 1``) for the names of ``module`` and of its state dict; the identity without pipeline
+    parallelism."""
+    offsets: dict[int, int] = {}
+    for name, sub in module.named_modules():
+        if name.split(".")[-1] == "decoder" and hasattr(sub, "layers"):
+            offsets = {i: layer.layer_number - 1 for i, layer in enumerate(sub.layers)}
+
+    def whole(name: str) -> str:
+        m = DECODER_LAYER.search(name)
+        if m is None or int(m.group(2)) not in offsets:
+            return name
+        return f"{name[:m.start(2)]}{offsets[int(m.group(2))]}{name[m.end(2):]}"
+
+    return whole
 
 
 @dataclasses.dataclass
@@ -18,11 +45,27 @@ class Replica:
     ddp_model: Any
     optimizer: Any
     vocab: int
+    micro_batches: int = 1
+    """Micro-batches of each step on this rank (`micro_batches_per_rank`)."""
 
     @property
     def names(self) -> dict[int, str]:
-        """id(param) -> parameter name."""
-        return {id(p): n for n, p in self.ddp_model.module.named_parameters()}
+        """id(param) -> the parameter's name in the whole model (`pipeline_names`)."""
+        whole = pipeline_names(self.ddp_model.module)
+        return {id(p): whole(n) for n, p in self.ddp_model.module.named_parameters()}
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The parameter of each name in the whole model (`pipeline_names`) this rank holds."""
+        whole = pipeline_names(self.ddp_model.module)
+        return {whole(n): p for n, p in self.ddp_model.module.named_parameters()}
+
+
+def micro_batches_per_rank(pp: int) -> int:
+    """Micro-batches of a step on each rank at pipeline size ``pp``: the world's ranks' worth per step in all (a global
+    batch of one micro-batch per rank whatever the layout, so that a resume at another pipeline size, at another
+    data-parallel size, steps on the same batch; and as many micro-batches as stages on every pipeline)."""
+    return pp
 
 
 def rank_device() -> Any:
@@ -40,10 +83,11 @@ def _sync() -> None:
 
 
 def build_replica(role: str, opt: Any, layout: str, recipe: Any, ep: int, setup: str = "megatron-core",
-                  steps: int = 1) -> Replica:
+                  steps: int = 1, pp: int = 1) -> Replica:
     """A replica from the fixed seed on this rank's device, its DDP wrap and the optimizer of ``opt``: by nemo-muon's
     builder on Megatron-Core, or (``setup='bridge'``, ``opt`` the recipe's) by Megatron-Bridge's own setup
-    (`nemo_muon.preflight.bridge_setup`, a constant learning rate over ``steps``)."""
+    (`nemo_muon.preflight.bridge_setup`, a constant learning rate over ``steps``); this rank's pipeline stage of
+    ``pp`` (Megatron's parallel state must be initialized with ``ep`` and ``pp``)."""
     import torch
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -56,7 +100,7 @@ def build_replica(role: str, opt: Any, layout: str, recipe: Any, ep: int, setup:
     model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
     torch.manual_seed(SEED)
     bridge = setup == "bridge"
-    model, config, spec = build_tiny_model(tiny_spec_of_family(recipe.model.family), ep=ep,
+    model, config, spec = build_tiny_model(tiny_spec_of_family(recipe.model.family), ep=ep, pp=pp,
                                            mixed_precision_wrap=not bridge)
     model = model.to(rank_device())
     pgs = mpu_process_groups()
@@ -66,7 +110,7 @@ def build_replica(role: str, opt: Any, layout: str, recipe: Any, ep: int, setup:
         ddp_model, optimizer = build_through_bridge(recipe, model, pgs, steps)
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = ddp_model.no_sync
-        return Replica(role, opt, layout, ddp_model, optimizer, spec.vocab_size)
+        return Replica(role, opt, layout, ddp_model, optimizer, spec.vocab_size, micro_batches_per_rank(pp))
     ddp_model = wrap_in_ddp(model, config, opt, True, pgs, layout=layout)
     if getattr(opt, "engine", None) == "nemo_muon" and has_layouts():  # on >= 0.18 DDP's wiring decides
         wired = "reduce_scatter" if ddp_model.ddp_config.use_distributed_optimizer else "all_reduce"
@@ -75,7 +119,7 @@ def build_replica(role: str, opt: Any, layout: str, recipe: Any, ep: int, setup:
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = ddp_model.no_sync
     optimizer, _ = build_megatron_optimizer(opt, [ddp_model], grad_clip=recipe.trainer.grad_clip, pg_collection=pgs)
-    return Replica(role, opt, layout, ddp_model, optimizer, spec.vocab_size)
+    return Replica(role, opt, layout, ddp_model, optimizer, spec.vocab_size, micro_batches_per_rank(pp))
 
 
 def train_step(replica: Replica, step: int, dp_rank: int, dp_size: int) -> tuple[float, float, bool]:
@@ -85,7 +129,7 @@ def train_step(replica: Replica, step: int, dp_rank: int, dp_size: int) -> tuple
 
     from nemo_muon.preflight.batches import forward_backward
 
-    loss = forward_backward(replica.ddp_model, replica.optimizer, step, dp_rank, replica.vocab)
+    loss = forward_backward(replica.ddp_model, replica.optimizer, step, dp_rank, replica.vocab, replica.micro_batches)
     _sync()
     start = time.perf_counter()
     ok, _, _ = replica.optimizer.step()

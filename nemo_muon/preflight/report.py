@@ -29,8 +29,7 @@ def document(request: PreflightRequest, figures: Any, checks: list[Check], versi
         "request": {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name != "resolved"}
         | {"overrides": list(request.overrides)},
         "versions": versions,
-        "topology": {"world_size": request.world_size, "expert_parallel": request.ep,
-                     "data_parallel": request.world_size // request.ep, "devices": figures.devices},
+        "topology": {**request.layout.topology(), "devices": figures.devices},
         "paths": figures.paths,
         "checks": [dataclasses.asdict(c) | {"verdict": c.verdict()} for c in checks],
         "figures": {"losses": figures.losses, "optimizer_step_s": figures.step_s, "skipped": figures.skipped,
@@ -38,7 +37,8 @@ def document(request: PreflightRequest, figures: Any, checks: list[Check], versi
                     "masters_first_step": figures.master_worst, "masters_last_step": figures.master_worst_last,
                     "single_process_first_step": figures.single_process,
                     "single_process_first_step_reference": figures.single_process_reference,
-                    "reshard_expert_parallel": figures.reshard,
+                    "reshard_layouts": None if figures.reshard is None else
+                    [layout.topology() for layout in figures.reshard],
                     "reshard_next_step": None if figures.resharded is None else
                     {"loss_relative": figures.resharded.loss_diff, "masters": figures.resharded.master_worst},
                     "parameters": figures.matrices},
@@ -49,7 +49,8 @@ def markdown(doc: dict) -> str:
     """The short human-readable report."""
     req, topo = doc["request"], doc["topology"]
     lines = [f"# preflight of `{req['recipe']}`: {'PASSED' if doc['passed'] else 'FAILED'}", "",
-             f"{topo['world_size']} ranks (EP {topo['expert_parallel']}, DP {topo['data_parallel']}) on "
+             f"{topo['world_size']} ranks (PP {topo['pipeline_parallel']}, EP {topo['expert_parallel']}, DP "
+             f"{topo['data_parallel']}, expert DP {topo['expert_data_parallel']}) on "
              f"{', '.join(sorted(set(topo['devices'])))}; {req['steps']} steps, saved after step "
              f"{req['save_at'] if req['save_at'] is not None else req['steps'] // 2}"
              + (f"; overrides {' '.join(req['overrides'])}" if req["overrides"] else ""), "",

@@ -36,11 +36,40 @@ WARMUP_STEPS = 2
 
 
 @dataclasses.dataclass(frozen=True)
+class ParallelLayout:
+    """Where the tiny model's parameters live on ``ranks`` ranks: ``pp`` pipeline stages, each of ``ranks / pp``
+    data-parallel ranks (TP = CP = 1), its experts over ``ep`` of them."""
+
+    ranks: int
+    pp: int = 1
+    ep: int = 1
+
+    @property
+    def dp(self) -> int:
+        """The dense parameters' data-parallel size."""
+        return self.ranks // self.pp
+
+    @property
+    def expert_dp(self) -> int:
+        """The experts' data-parallel size."""
+        return self.ranks // (self.pp * self.ep)
+
+    def describe(self) -> str:
+        """``PP=2 EP=2 (DP 2, expert DP 1)``."""
+        return f"PP={self.pp} EP={self.ep} (DP {self.dp}, expert DP {self.expert_dp})"
+
+    def topology(self) -> dict[str, int]:
+        """The sizes, as the report's JSON names them."""
+        return {"world_size": self.ranks, "pipeline_parallel": self.pp, "expert_parallel": self.ep,
+                "data_parallel": self.dp, "expert_data_parallel": self.expert_dp}
+
+
+@dataclasses.dataclass(frozen=True)
 class PreflightRequest:
     """One preflight: ``recipe`` with ``overrides`` (``a.b=value``), on ``world_size`` ranks, ``steps`` steps of
     the tiny model of the recipe's family, saved after ``save_at`` steps (None: half of ``steps``) and resumed;
-    expert parallelism ``ep`` (must divide ``world_size`` and the tiny model's expert count); reports under
-    ``out_dir``."""
+    pipeline parallelism ``pp`` (must divide ``world_size`` and the tiny model's layers), expert parallelism ``ep``
+    (must divide ``world_size / pp`` and the tiny model's experts); reports under ``out_dir``."""
 
     recipe: str
     world_size: int
@@ -48,6 +77,7 @@ class PreflightRequest:
     steps: int = DEFAULT_STEPS
     save_at: int | None = None
     ep: int = 1
+    pp: int = 1
     out_dir: str = "preflight"
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     resolved: Any = None
@@ -73,11 +103,21 @@ class PreflightRequest:
         recipe = self._build_recipe()
         object.__setattr__(self, "_recipe", recipe)  # built once: the ranks and the job reuse it
         check_preflight_recipe(recipe, self.recipe)
+        layers = tiny_layers(recipe)
+        stages = hostable_pp(self.world_size, layers)
+        if self.pp not in stages:
+            raise ValueError(f"preflight.pp must be one of {stages} (divides world_size={self.world_size} and the "
+                             f"tiny model's {layers} layers); got {self.pp!r}")
         experts = tiny_experts(recipe)
-        hostable = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0 and experts % d == 0]
+        hostable = hostable_ep(self.world_size // self.pp, experts)
         if self.ep not in hostable:
-            raise ValueError(f"preflight.ep must be one of {tuple(hostable)} (divides world_size={self.world_size} "
-                             f"and the tiny model's {experts} experts); got {self.ep!r}")
+            raise ValueError(f"preflight.ep must be one of {hostable} (divides world_size / pp = "
+                             f"{self.world_size // self.pp} and the tiny model's {experts} experts); got {self.ep!r}")
+
+    @property
+    def layout(self) -> ParallelLayout:
+        """The request's parallel layout on its ranks."""
+        return ParallelLayout(self.world_size, self.pp, self.ep)
 
     @property
     def checkpoint_step(self) -> int:
@@ -128,12 +168,30 @@ def check_preflight_recipe(recipe: Any, name: str) -> None:
                          f"...); recipe {name!r} has optimizer.kind={recipe.optimizer.name!r}")
 
 
-def allocation_ep(recipe: Any, world_size: int) -> int:
-    """The expert-parallel size a job's preflight runs on ``world_size`` ranks: the largest that divides the ranks and
-    the tiny model's experts and is at most the recipe's ``parallelism.ep`` (the recipe's layout, scaled down)."""
-    experts = tiny_experts(recipe)
-    return max(d for d in range(1, min(world_size, recipe.parallelism.ep) + 1)
-               if world_size % d == 0 and experts % d == 0)
+def hostable_pp(ranks: int, layers: int) -> tuple[int, ...]:
+    """Pipeline-parallel sizes ``ranks`` ranks can host with the tiny model's ``layers`` (equal stages)."""
+    return tuple(d for d in range(1, ranks + 1) if ranks % d == 0 and layers % d == 0)
+
+
+def hostable_ep(ranks: int, experts: int) -> tuple[int, ...]:
+    """Expert-parallel sizes a pipeline stage's ``ranks`` can host with the tiny model's ``experts``."""
+    return tuple(d for d in range(1, ranks + 1) if ranks % d == 0 and experts % d == 0)
+
+
+def allocation_pp(recipe: Any, world_size: int) -> int:
+    """The pipeline-parallel size a job's preflight runs on ``world_size`` ranks: the largest that the ranks and the
+    tiny model's layers host, is at most the recipe's ``parallelism.pp`` and leaves every stage 2 data-parallel
+    ranks where the ranks allow it (the layer-wise optimizer's ownership is what preflight proves; a chosen rule)."""
+    stages = [d for d in hostable_pp(world_size, tiny_layers(recipe)) if d <= recipe.parallelism.pp]
+    with_replicas = [d for d in stages if world_size // d >= 2]
+    return max(with_replicas or stages)
+
+
+def allocation_ep(recipe: Any, world_size: int, pp: int = 1) -> int:
+    """The expert-parallel size a job's preflight runs on ``world_size`` ranks at pipeline size ``pp``: the largest
+    that divides a stage's ranks and the tiny model's experts and is at most the recipe's ``parallelism.ep`` (the
+    recipe's layout, scaled down)."""
+    return max(d for d in hostable_ep(world_size // pp, tiny_experts(recipe)) if d <= recipe.parallelism.ep)
 
 
 def tiny_experts(recipe: Any) -> int:
@@ -142,6 +200,14 @@ def tiny_experts(recipe: Any) -> int:
     from nemo_muon.preflight.tiny_model import tiny_spec_of_family
 
     return get_model_spec(tiny_spec_of_family(recipe.model.family)).num_experts
+
+
+def tiny_layers(recipe: Any) -> int:
+    """Decoder layers of the tiny model of the recipe's family."""
+    from nemo_muon.models.specs import get_model_spec
+    from nemo_muon.preflight.tiny_model import tiny_spec_of_family
+
+    return get_model_spec(tiny_spec_of_family(recipe.model.family)).num_layers
 
 
 @dataclasses.dataclass(frozen=True)

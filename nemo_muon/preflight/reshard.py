@@ -1,25 +1,30 @@
-"""The resume at another expert-parallel size: the checkpoint ours saved, loaded with the experts laid out otherwise.
+"""The resume at another layout: the checkpoint ours saved, loaded with the parameters laid out otherwise.
 
-On W ranks at expert parallelism e, each expert's data-parallel group has W / e ranks; the dense parameters' has W at
-TP = PP = 1, which the same ranks cannot change. So the data-parallel size a resume on the allocation can change is the
-experts': `other_ep` picks another expert-parallel size above 1 where the request allows it, and says why not otherwise
-(at EP=1 Megatron's optimizer groups the experts with the dense parameters, so no checkpoint loads across EP=1 and
-EP > 1, Megatron's own engine's neither). `run_resharded` builds ours again at that
-size, in a model-parallel state of its own, loads the checkpoint through Megatron's `dist_checkpointing`
+On W ranks at pipeline size p and expert parallelism e, the dense parameters' data-parallel group has W / p ranks and
+each expert's W / (p e). So the data-parallel sizes a resume on the allocation's ranks can change are changed by the
+pipeline size (the dense and the experts') and by the expert-parallel size (the experts'): `other_layout` picks
+another pipeline size where the ranks and the tiny model's layers allow it, and another expert-parallel size above 1
+where the experts allow it, and says why not otherwise (at EP=1 Megatron's optimizer groups the experts with the
+dense parameters, at EP > 1 in groups of their own, so no checkpoint loads across EP=1 and EP > 1, Megatron's own
+engine's neither). Every layout steps on the same global batch (one micro-batch per rank of the world:
+`nemo_muon.preflight.replica.micro_batches_per_rank`). `run_resharded` builds ours again at that layout, in a
+model-parallel state of its own, loads the checkpoint through Megatron's `dist_checkpointing`
 (``fully_reshardable``, as megatron.training resumes) and compares it with the uninterrupted run by the names of the
-EP=1 model (`nemo_muon.preflight.single_process.world_key_to_name`):
+model at EP = PP = 1 (`nemo_muon.preflight.single_process.world_key_to_name`):
 
 - at the load: every weight (its bits' SHA-256) and every master the optimizers update, bit for bit with the saved
   ones (a load at another layout moves bytes, it computes nothing);
 - after one more step: the loss within the request's ``loss_rtol`` and each matrix's master within ``master_rtol`` x
-  how far the step moved it (the experts' gradients are summed over another group, in another order), and the
-  replicas bit-identical.
+  how far the step moved it (the gradients are summed over other groups, in another order), and the replicas
+  bit-identical.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from nemo_muon.preflight.request import ParallelLayout, hostable_ep, hostable_pp
 
 
 @dataclasses.dataclass
@@ -49,18 +54,26 @@ class Resharded:
     """(matrix, max |resharded - uninterrupted| / the step's movement) after that step (`nemo_muon.preflight.world.master_worst`)."""
 
 
-def other_ep(ep: int, ranks: int, experts: int) -> tuple[int | None, str | None]:
-    """(the expert-parallel size the resharded resume loads at, None) or (None, why it does not run): another size
-    above 1 that divides the ``ranks`` and the tiny model's ``experts``, twice or half ``ep`` where it can."""
-    if ep == 1:
-        return None, ("ep=1: Megatron's optimizer keeps the experts in the dense parameters' groups at EP=1 and in "
-                      "groups of their own at EP > 1, so a checkpoint does not load across the two; a preflight at "
-                      "ep > 1 resumes at another")
-    hostable = [d for d in range(2, ranks + 1) if ranks % d == 0 and experts % d == 0 and d != ep]
-    if not hostable:
-        return None, (f"world_size={ranks} with the tiny model's {experts} experts hosts no expert-parallel size "
-                      f"above 1 but ep={ep}")
-    return next((d for d in (2 * ep, ep // 2) if d in hostable), hostable[0]), None
+def other_layout(saved: ParallelLayout, layers: int, experts: int) -> tuple[ParallelLayout | None, str | None]:
+    """(the layout the resharded resume loads at, None) or (None, why it does not run): on ``saved``'s ranks, with the
+    tiny model's ``layers`` and ``experts``, another pipeline size first (the data-parallel size changes), another
+    expert-parallel size too where it can (the experts' placement changes), twice or half the saved one where it can;
+    an expert-parallel size above 1 where the saved one is, and 1 where it is 1."""
+    ranks, pp, ep = saved.ranks, saved.pp, saved.ep
+    candidates = [ParallelLayout(ranks, p, e) for p in hostable_pp(ranks, layers) for e in hostable_ep(ranks // p, experts)
+                  if (p, e) != (pp, ep) and (e > 1) == (ep > 1)]
+    if not candidates:
+        why = (f"world_size={ranks} with the tiny model's {layers} layers and {experts} experts hosts no other layout "
+               f"than {saved.describe()}")
+        if ep > 1:
+            why += " with expert parallelism above 1 (a checkpoint does not load across EP=1 and EP > 1: Megatron's "
+            why += "optimizer keeps the experts in the dense parameters' groups at EP=1, in groups of their own above)"
+        return None, why
+
+    def preference(layout: ParallelLayout) -> tuple[bool, bool, bool, bool]:
+        return (layout.pp != pp, layout.ep != ep, layout.pp in (2 * pp, pp // 2), layout.ep in (2 * ep, ep // 2))
+
+    return max(candidates, key=preference), None
 
 
 def gathered_by_name(part: dict[str, Any], local_experts: int) -> dict[str, Any]:
@@ -80,10 +93,10 @@ def _differ(what: str, got: dict[str, Any], saved: dict[str, Any], equal: Any) -
     return [f"{len(differ)} {what} differ from the saved ones after the load, first {differ[0]}"] if differ else []
 
 
-def run_resharded(request: Any, recipe: Any, path: Any, ep: int, checkpoint_dir: str, saved: SavedRun,
-                  plant: Any) -> Resharded:
-    """Ours loaded from ``checkpoint_dir`` at expert parallelism ``ep``, against ``saved`` (module doc); no problems
-    when it resumes as saved. Call it outside any other model-parallel state; collective."""
+def run_resharded(request: Any, recipe: Any, path: Any, layout: ParallelLayout, checkpoint_dir: str,
+                  saved: SavedRun, plant: Any) -> Resharded:
+    """Ours loaded from ``checkpoint_dir`` at ``layout``, against ``saved`` (module doc); no problems when it resumes
+    as saved. Call it outside any other model-parallel state; collective."""
     import numpy as np
     from megatron.core import parallel_state
 
@@ -91,15 +104,17 @@ def run_resharded(request: Any, recipe: Any, path: Any, ep: int, checkpoint_dir:
     from nemo_muon.preflight.replica import build_replica, train_step
     from nemo_muon.preflight.state import resume_from
 
-    parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
+    ep, at = layout.ep, layout.describe()
+    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=layout.pp, expert_model_parallel_size=ep)
     try:
         ep_rank = parallel_state.get_expert_model_parallel_rank()
         dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
-        replica = build_replica("resharded", path.opt, path.layout, recipe, ep, path.setup, request.steps + 1)
+        replica = build_replica("resharded", path.opt, path.layout, recipe, ep, path.setup, request.steps + 1,
+                                layout.pp)
         local_experts = (replica.ddp_model.config.num_moe_experts or 0) // ep
         error = world.load_error(lambda: resume_from(replica.ddp_model, replica.optimizer, checkpoint_dir))
         if error is not None:
-            return Resharded([f"the checkpoint saved at EP={request.ep} does not load at EP={ep}: {error}"])
+            return Resharded([f"the checkpoint saved at {request.layout.describe()} does not load at {at}: {error}"])
         plant("resharded", "ours", replica)
         weights = gathered_by_name(world.weight_digests(replica, ep_rank), local_experts)
         masters = gathered_by_name(world.owned_masters(replica, ep_rank), local_experts)
@@ -110,14 +125,14 @@ def run_resharded(request: Any, recipe: Any, path: Any, ep: int, checkpoint_dir:
         loss, _, _ = train_step(replica, request.checkpoint_step, dp_rank, dp_size)
         loss_diff = abs(loss - saved.next_loss) / abs(saved.next_loss) if saved.next_loss else float("inf")
         if not loss_diff <= request.loss_rtol:  # NaN fails
-            problems.append(f"step {request.checkpoint_step + 1} at EP={ep}: loss {loss!r} where the uninterrupted "
+            problems.append(f"step {request.checkpoint_step + 1} at {at}: loss {loss!r} where the uninterrupted "
                             f"run had {saved.next_loss!r} (tolerance {request.loss_rtol:g} relative)")
         after = gathered_by_name(world.owned_masters(replica, ep_rank), local_experts)
         common = saved.matrices & set(after) & set(saved.next_masters)
         key, worst = world.master_worst({k: after[k] for k in common}, {k: saved.next_masters[k] for k in common},
                                       saved.masters)
         if worst > request.master_rtol:
-            problems.append(f"step {request.checkpoint_step + 1} at EP={ep}: {key}'s master is {worst:.3g} x the "
+            problems.append(f"step {request.checkpoint_step + 1} at {at}: {key}'s master is {worst:.3g} x the "
                             f"step's movement from the uninterrupted run's (tolerance {request.master_rtol:g})")
         problems += world.replica_problems("resharded", replica, ep_rank)
         return Resharded(problems, loss_diff, (key, worst))

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nemo_muon.preflight.replica import Replica, build_replica, rank_device, train_step
-from nemo_muon.preflight.request import WARMUP_STEPS, PreflightRequest, preflight_plan
+from nemo_muon.preflight.request import WARMUP_STEPS, ParallelLayout, PreflightRequest, preflight_plan
 from nemo_muon.preflight.world import (
     gather,
     load_error,
@@ -73,11 +73,11 @@ class Figures:
     """Path -> the `PLAN_KINDS` key of the plan its owners were also compared with (`plan_problems`)."""
     replica_problems: list[str] = dataclasses.field(default_factory=list)
     resume_problems: list[str] = dataclasses.field(default_factory=list)
-    reshard: tuple[int, int] | None = None
-    """(the expert-parallel size saved at, the one resumed at) of the resharded resume
-    (`nemo_muon.preflight.reshard`); None where it did not run."""
+    reshard: tuple[ParallelLayout, ParallelLayout] | None = None
+    """(the layout saved at, the one resumed at) of the resharded resume (`nemo_muon.preflight.reshard`); None where
+    it did not run."""
     reshard_not_run: str | None = None
-    """Why the resharded resume did not run (`reshard.other_ep`)."""
+    """Why the resharded resume did not run (`reshard.other_layout`)."""
     resharded: Resharded | None = None
     """What the resharded resume showed, where it ran."""
     nonfinite: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -196,8 +196,8 @@ def run_preflight(request: PreflightRequest, checkpoint_dir: str, plant: Plant |
     from megatron.core import parallel_state
 
     from nemo_muon.preflight.bridge_setup import bridge_setup_applies
-    from nemo_muon.preflight.request import tiny_experts
-    from nemo_muon.preflight.reshard import other_ep, run_resharded
+    from nemo_muon.preflight.request import tiny_experts, tiny_layers
+    from nemo_muon.preflight.reshard import other_layout, run_resharded
     from nemo_muon.preflight.single_process import run_first_step
     from nemo_muon.preflight.wiring import has_layouts
 
@@ -206,18 +206,19 @@ def run_preflight(request: PreflightRequest, checkpoint_dir: str, plant: Plant |
     world = dist.get_world_size()
     if world != request.world_size:
         raise ValueError(f"preflight.world_size is {request.world_size} but {world} ranks joined")
-    reshard_ep, reshard_not_run = other_ep(request.ep, request.world_size, tiny_experts(recipe))
-    parallel_state.initialize_model_parallel(expert_model_parallel_size=request.ep)
+    reshard_layout, reshard_not_run = other_layout(request.layout, tiny_layers(recipe), tiny_experts(recipe))
+    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=request.pp,
+                                             expert_model_parallel_size=request.ep)
     try:
         figures, first, saved = _run(request, recipe, paths, checkpoint_dir, plant or (lambda *_: None),
-                                     parallel_state, reshard_ep is not None)
+                                     parallel_state, reshard_layout is not None)
     finally:
         parallel_state.destroy_model_parallel()
     figures.reshard_not_run = reshard_not_run
-    if saved is not None:  # the resharded resume, in its own model-parallel state at another EP
-        figures.reshard = (request.ep, reshard_ep)
-        figures.resharded = run_resharded(request, recipe, paths[0], reshard_ep, checkpoint_dir, saved,
-                                                 plant or (lambda *_: None))
+    if saved is not None:  # the resharded resume, in its own model-parallel state at another layout
+        figures.reshard = (request.layout, reshard_layout)
+        figures.resharded = run_resharded(request, recipe, paths[0], reshard_layout, checkpoint_dir, saved,
+                                          plant or (lambda *_: None))
     if first is not None:  # the single-process reference, in its own model-parallel state at EP=1
         single = run_first_step(first, recipe, rank_device())
         figures.single_process = _against_single(first.ours, single, first.initial)
@@ -241,7 +242,7 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
     replicas = {}
     for path in paths:
         replicas[path.role] = build_replica(path.role, path.opt, path.layout, recipe, request.ep, path.setup,
-                                            request.steps + 1)
+                                            request.steps + 1, request.pp)
         plant("built", path.role, replicas[path.role])
     figures = Figures(paths={r.role: p.describe() for r, p in zip(replicas.values(), paths, strict=True)},
                       losses={r: [] for r in replicas}, step_s={r: [] for r in replicas},
@@ -273,7 +274,7 @@ def _run(request: PreflightRequest, recipe: Any, paths: Any, checkpoint_dir: str
             figures.master_worst = _compare_masters(first["ours"], first["reference"], initial, keys)
             if single_runs:
                 first_step = FirstStep(state, keys, first["ours"], first["reference"], initial, dp_size,
-                                       local_experts)
+                                       local_experts, replicas["ours"].micro_batches)
         if step + 1 == request.checkpoint_step:
             ours = replicas["ours"]
             settle(ours.ddp_model)  # as megatron.training syncs the parameters before a save
@@ -311,12 +312,14 @@ def _resume(request: PreflightRequest, recipe: Any, path: Any, checkpoint_dir: s
 
     from nemo_muon.preflight.state import resume_from
 
-    resumed = build_replica("resumed", path.opt, path.layout, recipe, request.ep, path.setup, request.steps + 1)
+    resumed = build_replica("resumed", path.opt, path.layout, recipe, request.ep, path.setup, request.steps + 1,
+                            request.pp)
     error = load_error(lambda: resume_from(resumed.ddp_model, resumed.optimizer, checkpoint_dir))
     if error is not None:
         figures.resume_problems.append(f"the checkpoint saved after step {request.checkpoint_step} does not load: "
                                        f"{error}")
-        return build_replica("resumed", path.opt, path.layout, recipe, request.ep, path.setup, request.steps + 1)
+        return build_replica("resumed", path.opt, path.layout, recipe, request.ep, path.setup, request.steps + 1,
+                            request.pp)
     plant("resumed", "ours", resumed)
     for step in range(request.checkpoint_step, request.steps):
         loss, _, _ = train_step(resumed, step, dp_rank, dp_size)
@@ -343,8 +346,8 @@ def nonfinite_step(replica: Replica, step: int, dp_rank: int, dp_size: int, poli
     from nemo_muon.preflight.state import bits, state_tensors
 
     names = replica.names
-    params = dict(replica.ddp_model.module.named_parameters())
-    forward_backward(replica.ddp_model, replica.optimizer, step, dp_rank, replica.vocab)
+    params = replica.params
+    forward_backward(replica.ddp_model, replica.optimizer, step, dp_rank, replica.vocab, replica.micro_batches)
     if dp_rank == dp_size - 1:
         from nemo_muon.preflight.state import matrix_masters
 

@@ -60,15 +60,19 @@ def world_key_to_name(key: str, local_experts: int) -> str:
 
 
 def whole_model_state(module: Any, ep_rank: int, local_experts: int, contributes: bool) -> dict[str, Any] | None:
-    """Rank 0: the whole tiny model's state dict (CPU copies, EP=1 names) from ``module`` on the ranks that
-    ``contributes`` (one replica per expert-parallel rank: expert data-parallel rank 0); None on the other ranks.
+    """Rank 0: the whole tiny model's state dict (CPU copies, the names of the model at EP = PP = 1) from ``module`` on
+    the ranks that ``contributes`` (one replica per expert-parallel rank and pipeline stage: expert data-parallel
+    rank 0); None on the other ranks.
     Collective over the default group."""
     import torch.distributed as dist
 
+    from nemo_muon.preflight.replica import pipeline_names
+
     state = None
     if contributes:  # copies: the training steps change the weights next
-        state = {whole_model_name(k, ep_rank, local_experts): v.detach().to("cpu", copy=True) if hasattr(v, "detach")
-                 else v for k, v in module.state_dict().items()}
+        whole = pipeline_names(module)
+        state = {whole_model_name(whole(k), ep_rank, local_experts): v.detach().to("cpu", copy=True)
+                 if hasattr(v, "detach") else v for k, v in module.state_dict().items()}
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(state, gathered, dst=0)
     if gathered is None:
@@ -93,18 +97,22 @@ class FirstStep:
     """Every parameter's master after the first step (ours, the reference path) and before it."""
     dp_size: int
     local_experts: int
+    micro_batches: int = 1
+    """Micro-batches of each data-parallel rank's step."""
 
 
-def first_step_gradients(model: Any, dp_size: int, vocab: int) -> dict[str, Any]:
-    """Parameter name -> the first step's gradient (bf16) averaged over ``dp_size`` data-parallel batches, each
-    batch through Megatron's schedule as one rank's (the aux losses scaled as the schedule scales them)."""
+def first_step_gradients(model: Any, dp_size: int, vocab: int, micro_batches: int = 1) -> dict[str, Any]:
+    """Parameter name -> the first step's gradient (bf16) averaged over ``dp_size`` data-parallel ranks' batches, each
+    rank's ``micro_batches`` through Megatron's schedule as that rank's (the aux losses scaled as the schedule
+    scales them)."""
     from nemo_muon.preflight.batches import batch, through_schedule
 
     device = next(model.parameters()).device
     total: dict[str, Any] = {}
     for dp_rank in range(dp_size):
         model.zero_grad(set_to_none=True)
-        through_schedule([model], [tuple(t.to(device) for t in batch(0, dp_rank, vocab))])
+        through_schedule([model], [tuple(t.to(device) for t in batch(0, dp_rank * micro_batches + i, vocab))
+                                   for i in range(micro_batches)])
         for name, p in model.named_parameters():
             if p.grad is None:
                 continue
@@ -124,7 +132,7 @@ def clip_coefficient(grads: dict[str, Any], max_norm: float) -> float:
 
 
 def single_process_masters(initial_state: dict[str, Any], recipe: Any, dp_size: int, matrices: set[str],
-                           device: Any) -> dict[str, Any]:
+                           device: Any, micro_batches: int = 1) -> dict[str, Any]:
     """Name -> fp32 master (numpy) of each of ``matrices`` (EP=1 names) after the first step of the single-process
     reference (module doc) on ``device``, from ``initial_state`` (the whole model's state dict before any step).
     Needs Megatron's model-parallel state at expert parallelism 1."""
@@ -139,7 +147,7 @@ def single_process_masters(initial_state: dict[str, Any], recipe: Any, dp_size: 
     model, config, spec = build_tiny_model(tiny_spec_of_family(recipe.model.family))
     model = model.to(device)
     model.load_state_dict(initial_state)
-    grads = first_step_gradients(model, dp_size, spec.vocab_size)
+    grads = first_step_gradients(model, dp_size, spec.vocab_size, micro_batches)
     factor = clip_coefficient(grads, recipe.trainer.grad_clip)
     params = dict(model.named_parameters())
     names = sorted(matrices)
@@ -168,7 +176,8 @@ def run_first_step(first: FirstStep, recipe: Any, device: Any) -> dict[str, Any]
     try:
         holder: list[Any] = [None]
         if dist.get_rank() == 0:
-            by_name = single_process_masters(first.state, recipe, first.dp_size, set(names), device)
+            by_name = single_process_masters(first.state, recipe, first.dp_size, set(names), device,
+                                             first.micro_batches)
             holder[0] = {names[n]: m for n, m in by_name.items()}
         dist.broadcast_object_list(holder, src=0)
     finally:

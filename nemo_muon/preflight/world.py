@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 
 def world_key(param: Any, name: str, ep_rank: int) -> str:
-    """A parameter's name across the world: an expert's is per expert-parallel rank (each holds other experts)."""
+    """A parameter's name across the world (``name``: its name in the whole model, `replica.pipeline_names`): an
+    expert's is per expert-parallel rank (each holds other experts)."""
     return f"ep{ep_rank}/{name}" if getattr(param, "allreduce", True) is False else name
 
 
@@ -20,7 +21,7 @@ def owned_masters(replica: Replica, ep_rank: int) -> dict[str, Any]:
     """World-wide key -> fp32 master (numpy) of every parameter this rank's optimizer updates."""
     from nemo_muon.preflight.state import masters
 
-    params = dict(replica.ddp_model.module.named_parameters())
+    params = replica.params
     return {world_key(params[n], n, ep_rank): m for n, m in masters(replica.optimizer, replica.names).items()}
 
 
@@ -29,7 +30,7 @@ def matrix_keys(replica: Replica, ep_rank: int) -> set[str]:
     the rest is Megatron's distributed Adam, sharded by Megatron)."""
     from nemo_muon.preflight.state import matrix_masters
 
-    params = dict(replica.ddp_model.module.named_parameters())
+    params = replica.params
     return {world_key(params[n], n, ep_rank) for n in matrix_masters(replica.optimizer, replica.names)}
 
 
@@ -50,7 +51,7 @@ def weight_digests(replica: Replica, ep_rank: int) -> dict[str, str]:
 
     settle(replica.ddp_model)
     return {world_key(p, n, ep_rank): hashlib.sha256(bits(p.detach().cpu()).numpy().tobytes()).hexdigest()
-            for n, p in replica.ddp_model.module.named_parameters()}
+            for n, p in replica.params.items()}
 
 
 def replica_problems(role: str, replica: Replica, ep_rank: int) -> list[str]:

@@ -39,7 +39,7 @@ def _plant_skipped_gather(out_dir, moment, role, replica):
     if moment != "resumed" or dist.get_rank() != dist.get_world_size() - 1:
         return
     owned = set(masters(replica.optimizer, replica.names))
-    others = [p for n, p in replica.ddp_model.module.named_parameters() if n not in owned and p.dim() == 2]
+    others = [p for n, p in replica.params.items() if n not in owned and p.dim() == 2]
     step = replica.optimizer.step
 
     def step_without_gather(*args, **kwargs):

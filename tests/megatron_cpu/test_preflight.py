@@ -12,7 +12,8 @@ import pytest
 
 from nemo_muon.megatron.shared.stack import MBRIDGE, installed_versions
 from nemo_muon.preflight.checks import CHECK_NAMES
-from nemo_muon.preflight.request import PreflightRequest
+from nemo_muon.preflight.request import ParallelLayout, PreflightRequest
+from nemo_muon.preflight.reshard import other_layout
 from tests.megatron_cpu.preflight_runs import STEPS, run_cpu_preflight
 
 ASSEMBLY = importlib.metadata.version("megatron-core").startswith(("0.16.", "0.17."))
@@ -24,29 +25,32 @@ BRIDGE_SETUP = installed_versions((MBRIDGE,))[MBRIDGE] is not None
 (0.3 through the hook the job installs, >= 0.4 through ``provide``)."""
 
 
-@pytest.mark.parametrize(("recipe", "world_size", "ep", "overrides"), [
-    pytest.param("kimi_k2_muon", 2, 1, (), id="kimi_k2_muon-2ranks"),
-    pytest.param("kimi_k2_muon", 2, 1, ("optimizer.collectives=reduce_scatter",), id="reduce_scatter-2ranks"),
-    pytest.param("kimi_k2_muon_split", 2, 1, (), id="split-2ranks"),
-    pytest.param("qwen3_30b_a3b_muon", 2, 1, (), id="qwen3-2ranks"),
-    pytest.param("kimi_k2_muon", 4, 2, ("optimizer.collectives=reduce_scatter",), id="reduce_scatter-ep2-4ranks"),
-    pytest.param("kimi_k2_muon_split", 4, 1, (), id="split-4ranks"),
+@pytest.mark.parametrize(("recipe", "world_size", "pp", "ep", "overrides"), [
+    pytest.param("kimi_k2_muon", 2, 1, 1, (), id="kimi_k2_muon-2ranks"),
+    pytest.param("kimi_k2_muon", 2, 1, 1, ("optimizer.collectives=reduce_scatter",), id="reduce_scatter-2ranks"),
+    pytest.param("kimi_k2_muon_split", 2, 1, 1, (), id="split-2ranks"),
+    pytest.param("qwen3_30b_a3b_muon", 2, 1, 1, (), id="qwen3-2ranks"),
+    # the Kimi K2 recipe's layout (PP=4, EP=64) scaled to 4 ranks: what `launch --preflight` runs there
+    pytest.param("kimi_k2_muon", 4, 2, 2, ("optimizer.collectives=reduce_scatter",), id="reduce_scatter-pp2-ep2-4ranks"),
+    pytest.param("kimi_k2_muon_split", 4, 1, 1, (), id="split-4ranks"),
 ])
-def test_the_recipes_path_passes_every_check_and_writes_its_report(tmp_path, recipe, world_size, ep, overrides):
-    result, out = run_cpu_preflight(tmp_path, recipe, world_size, ep=ep, overrides=overrides)
+def test_the_recipes_path_passes_every_check_and_writes_its_report(tmp_path, recipe, world_size, pp, ep, overrides):
+    result, out = run_cpu_preflight(tmp_path, recipe, world_size, pp=pp, ep=ep, overrides=overrides)
     assert result["code"] == 0, result["first_failure"]
     doc = json.loads((out / "preflight.json").read_text())
     assert doc["passed"] and [c["name"] for c in doc["checks"]] == list(CHECK_NAMES)
-    assert doc["topology"] == {"world_size": world_size, "expert_parallel": ep, "data_parallel": world_size // ep,
-                               "devices": ["cpu"] * world_size}
+    saved = ParallelLayout(world_size, pp, ep)
+    assert doc["topology"] == {**saved.topology(), "devices": ["cpu"] * world_size}
     assert len(doc["figures"]["losses"]["ours"]) == STEPS and doc["figures"]["losses"]["ours"][-1] < \
         doc["figures"]["losses"]["ours"][0]
     assert "PASSED" in (out / "preflight.md").read_text()
     single = next(c for c in doc["checks"] if c["name"] == "single_process")
     assert single["ran"], single  # the whole model in one process, the experts of every EP rank gathered
     reshard = next(c for c in doc["checks"] if c["name"] == "reshard")
-    assert reshard["ran"] is (ep > 1), reshard  # at EP=1 no checkpoint loads at EP > 1 (Megatron's groups differ)
-    assert doc["figures"]["reshard_expert_parallel"] == ([ep, 2 * ep] if ep > 1 else None)
+    assert reshard["ran"], reshard  # at another pipeline size: another data-parallel size (and at EP > 1 another EP)
+    loaded = other_layout(saved, layers=4, experts=8)[0]
+    assert loaded.pp != pp and (loaded.ep > 1) == (ep > 1)
+    assert doc["figures"]["reshard_layouts"] == [saved.topology(), loaded.topology()]
     assert not list(out.glob("checkpoint-*")), "the preflight's checkpoint is removed"
     assert ("setup=bridge" in doc["paths"]["ours"]) == BRIDGE_SETUP
     assert "setup=megatron-core" in doc["paths"]["reference"]
@@ -79,6 +83,8 @@ def test_owners_that_are_not_our_plan_fail_the_owners_check(tmp_path):
     ({"recipe": "kimi_k2_adamw"}, "optimizer.kind must be a layer-wise matrix optimizer"),
     ({"recipe": "tiny_kimi_k2_muon"}, "backend must be 'megatron' for preflight"),
     ({"ep": 3}, "preflight.ep must be one of (1, 2)"),
+    ({"pp": 3}, "preflight.pp must be one of (1, 2) (divides world_size=2 and the tiny model's 4 layers)"),
+    ({"pp": 2, "ep": 2}, "preflight.ep must be one of (1,) (divides world_size / pp = 1"),
     ({"steps": 2}, "preflight.steps"),
     ({"save_at": 10}, "preflight.save_at"),
     ({"overrides": ("optimizer.collectives=ring",)}, "optimizer.collectives"),
