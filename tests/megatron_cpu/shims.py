@@ -94,8 +94,8 @@ SHIMS: dict[str, Shim] = {s.name: s for s in (
          "0.16's RouterGatingLinearFunction.forward (moe_router_dtype='fp32', Kimi K2's router) reads the module "
          "global te_general_gemm, which is only assigned when TE imports", r"name 'te_general_gemm' is not defined"),
     Shim("gloo_uneven_all_gather", "torch.distributed.all_gather of unequal sizes over gloo -> padded to the largest, "
-         "also asynchronous (0.16 only)", ("megatron/core/optimizer/layer_wise_optimizer.py",),
-         "0.16's LayerWiseDistributedOptimizer.allgather_params (Megatron's wiring, the default) and nemo-muon's "
+         "also asynchronous (0.16 / 0.17)", ("megatron/core/optimizer/layer_wise_optimizer.py",),
+         "0.16 / 0.17's LayerWiseDistributedOptimizer.allgather_params (Megatron's wiring, the default) and nemo-muon's "
          "gather in the next forward (owner_gather, optimizer.collectives=reduce_scatter) gather each rank's "
          "flattened matrices, of unequal sizes; NCCL accepts unequal sizes, gloo does not", r"invalid tensor size"),
     Shim("cuda_side_stream", "torch.cuda.Stream() -> a no-op stream, torch.cuda.stream(s) -> a null context "
@@ -115,7 +115,7 @@ NEEDED_ON: dict[str, tuple[str, ...]] = {
     "mla_have_te_flag": ("0.16",),
     "adam_common_step": ("0.16", "0.17"),  # 0.18+'s layer-wise optimizer: no rank without Adam's step at DP=4
     "moe_te_general_gemm_name": ("0.16",),
-    "gloo_uneven_all_gather": ("0.16",),  # 0.19's layer-wise optimizer gathers equal, padded shards
+    "gloo_uneven_all_gather": ("0.16", "0.17"),  # 0.18+: the layer-wise optimizer gathers equal, padded shards
     "cuda_side_stream": ("0.18", "0.19"),  # 0.16's wheel has no megatron.training (no _ddp_wrap)
 }
 """Shims only some Megatron-Core minor versions need; the others are needed on every supported version."""

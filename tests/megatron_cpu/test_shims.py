@@ -48,9 +48,12 @@ def _ddp_wrap(without: tuple[str, ...] = ()) -> dict:
 
 
 def _has_ddp_wrap() -> bool:
+    """Megatron-Core ships ``megatron.training.models`` (0.18+; 0.16's wheel has no megatron.training, 0.17's one
+    without ``models``)."""
     import importlib.util
 
-    return importlib.util.find_spec("megatron.training") is not None
+    return importlib.util.find_spec("megatron.training") is not None and \
+        importlib.util.find_spec("megatron.training.models") is not None
 
 
 def _muon_step(without: tuple[str, ...] = ()) -> dict:
