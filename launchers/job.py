@@ -244,14 +244,13 @@ def _preflight_args(recipe: Any, name: str, overrides: list[str], recipe_file: P
     job's ranks (`nemo_muon.preflight.request.allocation_pp`, ``allocation_ep``)."""
     if not recipe.system.preflight:
         return None
-    from nemo_muon.preflight.request import PreflightRequest, allocation_ep, allocation_pp
+    from nemo_muon.preflight.request import PreflightRequest
 
     world = recipe.system.world_size
     out_dir = str(run_dir / PREFLIGHT_FOLDER)
-    try:
-        pp = allocation_pp(recipe, world)
+    try:  # pp, ep None: the recipe's, scaled to the job's ranks
         request = PreflightRequest(recipe=name, world_size=world, overrides=tuple(overrides), resolved=recipe,
-                                   pp=pp, ep=allocation_ep(recipe, world, pp), out_dir=out_dir)
+                                   pp=None, ep=None, out_dir=out_dir)
     except ValueError as e:
         raise LaunchError(f"{e} (system.preflight=True: set system.preflight=false, or --no-preflight)") from None
     return ["-m", PREFLIGHT_MODULE, "--recipe-file", str(recipe_file), "--out", out_dir, "--pp", str(request.pp),

@@ -96,10 +96,12 @@ def _submit(job: SlurmJob, script: str, dry_run: bool, wait: bool, env: dict[str
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Slurm: nodes.")
 @click.option("--steps", type=int, default=DEFAULT_STEPS, show_default=True, help="Steps of each run.")
 @click.option("--save-at", type=int, default=None, help="Save after this step and resume (default: steps // 2).")
-@click.option("--pp", type=int, default=1, show_default=True,
-              help="Pipeline-parallel size of the tiny model (divides the ranks and its 4 layers).")
-@click.option("--ep", type=int, default=1, show_default=True,
-              help="Expert-parallel size of the tiny model (divides a stage's ranks and its 8 experts).")
+@click.option("--pp", type=int, default=None,
+              help="Pipeline-parallel size of the tiny model (divides the ranks and its 4 layers) [default: the "
+                   "recipe's parallelism.pp scaled to the ranks, as launch --preflight runs it].")
+@click.option("--ep", type=int, default=None,
+              help="Expert-parallel size of the tiny model (divides a stage's ranks and its 8 experts) [default: the "
+                   "recipe's parallelism.ep scaled to a stage's ranks, as launch --preflight runs it].")
 @click.option("--out", "out_dir", default="preflight", show_default=True,
               help="Folder of preflight.json and preflight.md (Slurm: also the script and the job's log).")
 @click.option("--time-limit-s", type=float, default=DEFAULT_TIME_LIMIT_S, show_default=True,
@@ -117,8 +119,8 @@ def _submit(job: SlurmJob, script: str, dry_run: bool, wait: bool, env: dict[str
 @click.option("--wait/--no-wait", default=None, help="Slurm: wait for the job; exit with its code [default: no-wait].")
 @click.option(*DRY_RUN_NAMES, "dry_run", is_flag=True, help="Print the command (Slurm: the script) and exit.")
 @merged_overrides
-def preflight(recipe: str, executor: str, nproc_per_node: int, nodes: int, steps: int, save_at: int | None, pp: int,
-              ep: int, out_dir: str, time_limit_s: float, device: str, account: str | None, partition: str | None,
+def preflight(recipe: str, executor: str, nproc_per_node: int, nodes: int, steps: int, save_at: int | None,
+              pp: int | None, ep: int | None, out_dir: str, time_limit_s: float, device: str, account: str | None, partition: str | None,
               time_: str | None, image: str | None, container: bool | None, env: tuple[str, ...], wait: bool | None,
               dry_run: bool, overrides: tuple[str, ...]) -> None:
     """Prove RECIPE's optimizer path on this machine's GPUs; overrides are key=value (optimizer.collectives=...)."""

@@ -72,9 +72,10 @@ def test_the_slurm_dry_run_is_one_srun_task_per_gpu_of_the_entry_point_with_the_
         assert f"export {name}={value}" in lines
     srun = [line for line in lines if line.startswith("srun ")]
     assert srun[0].startswith("srun --kill-on-bad-exit=0 --wait=60 ")  # every rank ends with the preflight's code
+    # no --pp given: the recipe's PP=4 scaled to 8 ranks (4 stages of 2 data-parallel ranks, as launch runs it)
     assert len(srun) == 1 and srun[0].endswith(
-        f"python -m nemo_muon.preflight.main --recipe kimi_k2_muon --out {out} --steps 10 --pp 1 --ep 2 --time-limit-s 900 "
-        "trainer.grad_clip=0.5")
+        f"python -m nemo_muon.preflight.main --recipe kimi_k2_muon --out {out} --steps 10 --pp 4 --ep 2 "
+        "--time-limit-s 900 trainer.grad_clip=0.5")
     assert f"--container-mounts={out}:{out}" in srun[0]
     assert lines[-1] == f"sbatch --parsable --export=ALL {out}/preflight.sbatch" and not out.exists()
 

@@ -102,7 +102,24 @@ def test_a_jobs_preflight_runs_the_recipes_layout_scaled_to_its_ranks(recipe, wo
         PreflightRequest(recipe=recipe, world_size=2, steps=6).training_recipe()
     pp = allocation_pp(built, world_size)
     assert (pp, allocation_ep(built, world_size, pp)) == expected
-    PreflightRequest(recipe=recipe, world_size=world_size, pp=expected[0], ep=expected[1], steps=6)  # hostable
+    scaled = PreflightRequest(recipe=recipe, world_size=world_size, pp=None, ep=None, steps=6)  # the CLI's default
+    assert (scaled.pp, scaled.ep) == expected
+
+
+@pytest.mark.parametrize(("pp", "ep", "expected"), [
+    (None, 4, (1, 4)),  # the pipeline size that leaves a stage the ranks EP=4 needs
+    (None, 1, (2, 1)),
+    (1, None, (1, 4)),
+    (4, None, (4, 1)),
+])
+def test_a_size_left_out_is_the_recipes_scaled_around_the_one_given(pp, ep, expected):
+    request = PreflightRequest(recipe="kimi_k2_muon", world_size=4, pp=pp, ep=ep, steps=6)
+    assert (request.pp, request.ep) == expected
+
+
+def test_an_ep_no_stage_hosts_is_refused_naming_the_sizes_of_one_stage():
+    with pytest.raises(ValueError, match=r"preflight.ep must be one of \(1, 2, 4\) \(divides world_size / pp = 4 "):
+        PreflightRequest(recipe="kimi_k2_muon", world_size=4, pp=None, ep=8, steps=6)
 
 
 @pytest.mark.parametrize(("outcome", "passed"), [

@@ -62,9 +62,10 @@ class Replica:
 
 
 def micro_batches_per_rank(pp: int) -> int:
-    """Micro-batches of a step on each rank at pipeline size ``pp``: the world's ranks' worth per step in all (a global
-    batch of one micro-batch per rank whatever the layout, so that a resume at another pipeline size, at another
-    data-parallel size, steps on the same batch; and as many micro-batches as stages on every pipeline)."""
+    """Micro-batches of a step on each rank at pipeline size ``pp``: a step's global batch is one micro-batch per rank
+    of the world whatever the layout (each of a stage's W / pp data-parallel ranks runs pp), so a resume at another
+    pipeline size, and so at another data-parallel size, steps on the same batch; and every pipeline runs as many
+    micro-batches as it has stages."""
     return pp
 
 

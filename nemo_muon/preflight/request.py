@@ -1,9 +1,9 @@
 """What one preflight runs: a recipe (with its overrides), the allocation's ranks, the steps and the tolerances.
 
 `PreflightRequest` is validated at construction: an unknown recipe, a recipe whose backend is not megatron, an
-optimizer that is not a layer-wise matrix optimizer, an expert-parallel size the allocation cannot host, or steps
-too few to save and resume are refused in one line naming the field, the value and what is allowed, before anything
-starts. `preflight_plan` says which optimizer paths the two runs take on the installed Megatron-Core.
+optimizer that is not a layer-wise matrix optimizer, a pipeline or expert-parallel size the allocation cannot host,
+or steps too few to save and resume are refused in one line naming the field, the value and what is allowed, before
+anything starts. `preflight_plan` says which optimizer paths the two runs take on the installed Megatron-Core.
 """
 
 from __future__ import annotations
@@ -69,15 +69,16 @@ class PreflightRequest:
     """One preflight: ``recipe`` with ``overrides`` (``a.b=value``), on ``world_size`` ranks, ``steps`` steps of
     the tiny model of the recipe's family, saved after ``save_at`` steps (None: half of ``steps``) and resumed;
     pipeline parallelism ``pp`` (must divide ``world_size`` and the tiny model's layers), expert parallelism ``ep``
-    (must divide ``world_size / pp`` and the tiny model's experts); reports under ``out_dir``."""
+    (must divide ``world_size / pp`` and the tiny model's experts), each None for the recipe's scaled to the ranks
+    (`allocation_pp`, `allocation_ep`: what ``launch --preflight`` runs); reports under ``out_dir``."""
 
     recipe: str
     world_size: int
     overrides: tuple[str, ...] = ()
     steps: int = DEFAULT_STEPS
     save_at: int | None = None
-    ep: int = 1
-    pp: int = 1
+    ep: int | None = 1
+    pp: int | None = 1
     out_dir: str = "preflight"
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     resolved: Any = None
@@ -103,6 +104,10 @@ class PreflightRequest:
         recipe = self._build_recipe()
         object.__setattr__(self, "_recipe", recipe)  # built once: the ranks and the job reuse it
         check_preflight_recipe(recipe, self.recipe)
+        if self.pp is None:
+            object.__setattr__(self, "pp", allocation_pp(recipe, self.world_size, self.ep))
+        if self.ep is None:
+            object.__setattr__(self, "ep", allocation_ep(recipe, self.world_size, self.pp))
         layers = tiny_layers(recipe)
         stages = hostable_pp(self.world_size, layers)
         if self.pp not in stages:
@@ -178,13 +183,18 @@ def hostable_ep(ranks: int, experts: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, ranks + 1) if ranks % d == 0 and experts % d == 0)
 
 
-def allocation_pp(recipe: Any, world_size: int) -> int:
+def allocation_pp(recipe: Any, world_size: int, ep: int | None = None) -> int:
     """The pipeline-parallel size a job's preflight runs on ``world_size`` ranks: the largest that the ranks and the
-    tiny model's layers host, is at most the recipe's ``parallelism.pp`` and leaves every stage 2 data-parallel
-    ranks where the ranks allow it (the layer-wise optimizer's ownership is what preflight proves; a chosen rule)."""
+    tiny model's layers host, is at most the recipe's ``parallelism.pp``, leaves a stage's ranks divisible by ``ep``
+    (when given) and every stage 2 data-parallel ranks where the ranks allow it (the layer-wise optimizer's
+    ownership is what preflight proves; a chosen rule). An ``ep`` no stage hosts: 1, whose stage hosts the most
+    sizes (the request's refusal names them)."""
     stages = [d for d in hostable_pp(world_size, tiny_layers(recipe)) if d <= recipe.parallelism.pp]
-    with_replicas = [d for d in stages if world_size // d >= 2]
-    return max(with_replicas or stages)
+    fits = [d for d in stages if ep is None or (world_size // d) % ep == 0]
+    if not fits:
+        return 1
+    with_replicas = [d for d in fits if world_size // d >= 2]
+    return max(with_replicas or fits)
 
 
 def allocation_ep(recipe: Any, world_size: int, pp: int = 1) -> int:

@@ -1,21 +1,22 @@
 """What every rank of a preflight runs: the recipe's optimizer path and the reference path, side by side, then checks.
 
 On the ranks of the allocation (torch.distributed's default group initialized by the caller: NCCL on GPUs, gloo on
-CPU), inside Megatron's model-parallel state with the request's expert-parallel size: two replicas of the tiny model
+CPU), inside Megatron's model-parallel state with the request's pipeline and expert-parallel sizes: two replicas of
+the tiny model
 of the recipe's family from one seed, ours (`preflight_plan`: the recipe's optimizer as the job builds it) and the
 reference (the same optimizer on the least-patched path), trained step by step on the same batches; the masters are
 compared after the first step (with the reference path's and, with our engine, with the single-process reference's,
 stepped after the runs on rank 0 in a model-parallel state of its own: `nemo_muon.preflight.single_process`), the
 losses after every step. Ours is saved
 at `PreflightRequest.checkpoint_step` with Megatron's `dist_checkpointing`, a third replica resumed from it and
-trained to the end, and one more step of that replica gets a NaN gradient on the last data-parallel rank; at
-expert parallelism > 1 a fourth loads the checkpoint at another expert-parallel size, after the runs, in a
+trained to the end, and one more step of that replica gets a NaN gradient on the last data-parallel rank; a fourth
+loads the checkpoint at another layout (another pipeline size, so another data-parallel size), after the runs, in a
 model-parallel state of its own (`nemo_muon.preflight.reshard`). Every rank
 returns the same `Figures`; `nemo_muon.preflight.checks` turns them into verdicts.
 
 ``plant`` (tests): ``plant(moment, role, replica)`` is called on every rank at ``"built"`` (after a replica's
 optimizer is built), ``"saved"`` / ``"resumed"`` (after the save, after the resume) and ``"resharded"`` (after
-the load at another expert-parallel size); a planted fault (a wrong
+the load at another layout); a planted fault (a wrong
 owner, a skipped gather after resume, a corrupted shard) must make the check it breaks fail.
 """
 
@@ -219,7 +220,7 @@ def run_preflight(request: PreflightRequest, checkpoint_dir: str, plant: Plant |
         figures.reshard = (request.layout, reshard_layout)
         figures.resharded = run_resharded(request, recipe, paths[0], reshard_layout, checkpoint_dir, saved,
                                           plant or (lambda *_: None))
-    if first is not None:  # the single-process reference, in its own model-parallel state at EP=1
+    if first is not None:  # the single-process reference, in its own model-parallel state at EP = PP = 1
         single = run_first_step(first, recipe, rank_device())
         figures.single_process = _against_single(first.ours, single, first.initial)
         figures.single_process_reference = _against_single(first.reference, single, first.initial)
