@@ -8,6 +8,7 @@ first, Megatron numbers the stage's decoder layers from 0, and the same name wou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -48,17 +49,17 @@ class Replica:
     micro_batches: int = 1
     """Micro-batches of each step on this rank (`micro_batches_per_rank`)."""
 
-    @property
-    def names(self) -> dict[int, str]:
-        """id(param) -> the parameter's name in the whole model (`pipeline_names`)."""
-        whole = pipeline_names(self.ddp_model.module)
-        return {id(p): whole(n) for n, p in self.ddp_model.module.named_parameters()}
-
-    @property
+    @functools.cached_property
     def params(self) -> dict[str, Any]:
-        """The parameter of each name in the whole model (`pipeline_names`) this rank holds."""
+        """The parameter of each name in the whole model (`pipeline_names`) this rank holds (read once: the model's
+        parameters are fixed when it is built)."""
         whole = pipeline_names(self.ddp_model.module)
         return {whole(n): p for n, p in self.ddp_model.module.named_parameters()}
+
+    @functools.cached_property
+    def names(self) -> dict[int, str]:
+        """id(param) -> the parameter's name in the whole model (`pipeline_names`)."""
+        return {id(p): n for n, p in self.params.items()}
 
 
 def micro_batches_per_rank(pp: int) -> int:

@@ -109,12 +109,12 @@ class PreflightRequest:
         if self.ep is None:
             object.__setattr__(self, "ep", allocation_ep(recipe, self.world_size, self.pp))
         layers = tiny_layers(recipe)
-        stages = hostable_pp(self.world_size, layers)
+        stages = hostable_sizes(self.world_size, layers)
         if self.pp not in stages:
             raise ValueError(f"preflight.pp must be one of {stages} (divides world_size={self.world_size} and the "
                              f"tiny model's {layers} layers); got {self.pp!r}")
         experts = tiny_experts(recipe)
-        hostable = hostable_ep(self.world_size // self.pp, experts)
+        hostable = hostable_sizes(self.world_size // self.pp, experts)
         if self.ep not in hostable:
             raise ValueError(f"preflight.ep must be one of {hostable} (divides world_size / pp = "
                              f"{self.world_size // self.pp} and the tiny model's {experts} experts); got {self.ep!r}")
@@ -173,14 +173,10 @@ def check_preflight_recipe(recipe: Any, name: str) -> None:
                          f"...); recipe {name!r} has optimizer.kind={recipe.optimizer.name!r}")
 
 
-def hostable_pp(ranks: int, layers: int) -> tuple[int, ...]:
-    """Pipeline-parallel sizes ``ranks`` ranks can host with the tiny model's ``layers`` (equal stages)."""
-    return tuple(d for d in range(1, ranks + 1) if ranks % d == 0 and layers % d == 0)
-
-
-def hostable_ep(ranks: int, experts: int) -> tuple[int, ...]:
-    """Expert-parallel sizes a pipeline stage's ``ranks`` can host with the tiny model's ``experts``."""
-    return tuple(d for d in range(1, ranks + 1) if ranks % d == 0 and experts % d == 0)
+def hostable_sizes(ranks: int, parts: int) -> tuple[int, ...]:
+    """The parallel sizes ``ranks`` ranks host over ``parts`` equal parts: the common divisors (pipeline sizes over
+    the tiny model's layers on the world, expert-parallel sizes over its experts on a stage's ranks)."""
+    return tuple(d for d in range(1, ranks + 1) if ranks % d == 0 and parts % d == 0)
 
 
 def allocation_pp(recipe: Any, world_size: int, ep: int | None = None) -> int:
@@ -189,7 +185,7 @@ def allocation_pp(recipe: Any, world_size: int, ep: int | None = None) -> int:
     (when given) and every stage 2 data-parallel ranks where the ranks allow it (the layer-wise optimizer's
     ownership is what preflight proves; a chosen rule). An ``ep`` no stage hosts: 1, whose stage hosts the most
     sizes (the request's refusal names them)."""
-    stages = [d for d in hostable_pp(world_size, tiny_layers(recipe)) if d <= recipe.parallelism.pp]
+    stages = [d for d in hostable_sizes(world_size, tiny_layers(recipe)) if d <= recipe.parallelism.pp]
     fits = [d for d in stages if ep is None or (world_size // d) % ep == 0]
     if not fits:
         return 1
@@ -201,23 +197,24 @@ def allocation_ep(recipe: Any, world_size: int, pp: int = 1) -> int:
     """The expert-parallel size a job's preflight runs on ``world_size`` ranks at pipeline size ``pp``: the largest
     that divides a stage's ranks and the tiny model's experts and is at most the recipe's ``parallelism.ep`` (the
     recipe's layout, scaled down)."""
-    return max(d for d in hostable_ep(world_size // pp, tiny_experts(recipe)) if d <= recipe.parallelism.ep)
+    return max(d for d in hostable_sizes(world_size // pp, tiny_experts(recipe)) if d <= recipe.parallelism.ep)
+
+
+def _tiny_spec(recipe: Any) -> Any:
+    from nemo_muon.models.specs import get_model_spec
+    from nemo_muon.preflight.tiny_model import tiny_spec_of_family
+
+    return get_model_spec(tiny_spec_of_family(recipe.model.family))
 
 
 def tiny_experts(recipe: Any) -> int:
     """Routed experts of the tiny model of the recipe's family."""
-    from nemo_muon.models.specs import get_model_spec
-    from nemo_muon.preflight.tiny_model import tiny_spec_of_family
-
-    return get_model_spec(tiny_spec_of_family(recipe.model.family)).num_experts
+    return _tiny_spec(recipe).num_experts
 
 
 def tiny_layers(recipe: Any) -> int:
     """Decoder layers of the tiny model of the recipe's family."""
-    from nemo_muon.models.specs import get_model_spec
-    from nemo_muon.preflight.tiny_model import tiny_spec_of_family
-
-    return get_model_spec(tiny_spec_of_family(recipe.model.family)).num_layers
+    return _tiny_spec(recipe).num_layers
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from nemo_muon.preflight.request import ParallelLayout, hostable_ep, hostable_pp
+from nemo_muon.preflight.request import ParallelLayout, hostable_sizes
 
 
 @dataclasses.dataclass
@@ -60,8 +60,8 @@ def other_layout(saved: ParallelLayout, layers: int, experts: int) -> tuple[Para
     expert-parallel size too where it can (the experts' placement changes), twice or half the saved one where it can;
     an expert-parallel size above 1 where the saved one is, and 1 where it is 1."""
     ranks, pp, ep = saved.ranks, saved.pp, saved.ep
-    candidates = [ParallelLayout(ranks, p, e) for p in hostable_pp(ranks, layers) for e in hostable_ep(ranks // p, experts)
-                  if (p, e) != (pp, ep) and (e > 1) == (ep > 1)]
+    candidates = [ParallelLayout(ranks, p, e) for p in hostable_sizes(ranks, layers)
+                  for e in hostable_sizes(ranks // p, experts) if (p, e) != (pp, ep) and (e > 1) == (ep > 1)]
     if not candidates:
         why = (f"world_size={ranks} with the tiny model's {layers} layers and {experts} experts hosts no other layout "
                f"than {saved.describe()}")
